@@ -1,0 +1,231 @@
+"""The `cloche` command line. `cloche serve --help` lists every server setting."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cloche.config import Limits, ServerConfig, default_state_dir
+from cloche.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class _Option:
+    flag: str
+    kind: Callable[[str], Any]
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def env(self) -> str:
+        return "CLOCHE_" + self.flag.removeprefix("--").upper().replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+def _default_runtime_dir() -> Path | None:
+    """The sandbox runtime that the install script puts next to the virtualenv."""
+    candidate = Path(sys.prefix).parent / ".runtime" / "site-packages"
+    return candidate if candidate.is_dir() else None
+
+
+_limits = Limits()
+_config = ServerConfig()
+SERVE_OPTIONS = (
+    _Option("--host", str, _config.host, "address to listen on"),
+    _Option(
+        "--tcp-port", int, _config.tcp_port, "port of the REPL TCP protocol (0: any free port)"
+    ),
+    _Option("--http-port", int, _config.http_port, "port of the HTTP API (0: any free port)"),
+    _Option(
+        "--backend",
+        str,
+        _config.backend,
+        "sandbox backend: gvisor (auto picks it; never falls back), or unsafe-local, "
+        "which is NOT isolated",
+        ("auto", "gvisor", "unsafe-local"),
+    ),
+    _Option(
+        "--platform",
+        str,
+        _config.platform,
+        "runsc platform (auto tries systrap, then ptrace)",
+        ("auto", "systrap", "ptrace"),
+    ),
+    _Option("--pool-size", int, _config.pool_size, "started sandboxes kept ready for new sessions"),
+    _Option("--max-sessions", int, _config.max_sessions, "sessions held at once; beyond, refused"),
+    _Option(
+        "--max-queued-cells",
+        int,
+        _config.max_queued_cells,
+        "cells that may wait behind the running one in a session",
+    ),
+    _Option(
+        "--cell-timeout",
+        float,
+        _limits.cell_timeout_s,
+        "wall time of a cell, seconds (a request may ask for less)",
+    ),
+    _Option(
+        "--interrupt-grace",
+        float,
+        _limits.interrupt_grace_s,
+        "seconds a cell may ignore an interrupt before its sandbox is killed",
+    ),
+    _Option("--memory-mib", int, _limits.memory_mib, "address space of a session, MiB (RLIMIT_AS)"),
+    _Option("--nproc", int, _limits.nproc, "processes and threads in a session (RLIMIT_NPROC)"),
+    _Option("--disk-mib", int, _limits.disk_mib, "size of the working directory, and of /tmp, MiB"),
+    _Option("--output-limit", int, _limits.output_bytes, "stdout+stderr kept per cell, bytes"),
+    _Option(
+        "--idle-timeout",
+        float,
+        _limits.idle_timeout_s,
+        "seconds without a cell after which a session is closed",
+    ),
+    _Option("--lifetime", float, _limits.lifetime_s, "seconds after which any session is closed"),
+    _Option("--cpu-quota", float, None, "CPU cores per sandbox (cgroup quota); default unlimited"),
+    _Option("--max-frame-bytes", int, _config.max_frame_bytes, "largest request frame, bytes"),
+    _Option("--max-connections", int, _config.max_connections, "open TCP connections at once"),
+    _Option(
+        "--connection-timeout",
+        float,
+        _config.connection_idle_timeout_s,
+        "seconds a TCP connection may stay silent (or take to send a frame)",
+    ),
+    _Option("--state-dir", Path, default_state_dir(), "where per-server runsc state lives"),
+    _Option(
+        "--runtime-dir",
+        Path,
+        None,
+        "site-packages importable inside sandboxes (default: .runtime/ beside the venv)",
+    ),
+    _Option("--log-level", str, "info", "log level", ("debug", "info", "warning", "error")),
+)
+
+
+def _add_serve(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the server",
+        description="Run the cloche server. Every option can also be set by the environment "
+        "variable shown, e.g. CLOCHE_TCP_PORT=9000.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for option in SERVE_OPTIONS:
+        raw = os.environ.get(option.env)
+        default = option.kind(raw) if raw not in (None, "") else option.default
+        parser.add_argument(
+            option.flag,
+            type=option.kind,
+            default=default,
+            choices=option.choices,
+            help=f"{option.help} [env {option.env}]",
+        )
+    parser.add_argument(
+        "--token",
+        action="append",
+        default=[t for t in os.environ.get("CLOCHE_TOKEN", "").split(",") if t],
+        help="accept only requests carrying this token (repeatable) [env CLOCHE_TOKEN, "
+        "comma-separated]; each session belongs to the token that created it",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=os.environ.get("CLOCHE_TOKEN_FILE") or None,
+        help="file with one accepted token per line [env CLOCHE_TOKEN_FILE]",
+    )
+    parser.set_defaults(handler=_serve)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig that `cloche serve` arguments describe."""
+    tokens = set(args.token)
+    if args.token_file is not None:
+        try:
+            lines = Path(args.token_file).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"can't read --token-file {args.token_file}: {exc}") from exc
+        tokens |= {line.strip() for line in lines if line.strip()}
+    limits = Limits(
+        cell_timeout_s=args.cell_timeout,
+        interrupt_grace_s=args.interrupt_grace,
+        memory_mib=args.memory_mib,
+        nproc=args.nproc,
+        disk_mib=args.disk_mib,
+        output_bytes=args.output_limit,
+        idle_timeout_s=args.idle_timeout,
+        lifetime_s=args.lifetime,
+        cpu_quota=args.cpu_quota,
+    )
+    for name in (
+        "cell_timeout_s",
+        "memory_mib",
+        "nproc",
+        "disk_mib",
+        "output_bytes",
+        "idle_timeout_s",
+        "lifetime_s",
+    ):
+        if getattr(limits, name) <= 0:
+            raise ConfigError(f"{name} must be positive")
+    return ServerConfig(
+        host=args.host,
+        tcp_port=args.tcp_port,
+        http_port=args.http_port,
+        backend=args.backend,
+        platform=args.platform,
+        pool_size=max(0, args.pool_size),
+        max_sessions=args.max_sessions,
+        max_queued_cells=args.max_queued_cells,
+        max_frame_bytes=args.max_frame_bytes,
+        max_connections=args.max_connections,
+        connection_idle_timeout_s=args.connection_timeout,
+        limits=limits,
+        state_dir=args.state_dir,
+        runtime_dir=args.runtime_dir or _default_runtime_dir(),
+        tokens=frozenset(tokens),
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from cloche.server.app import Server
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = config_from_args(args)
+        asyncio.run(Server(config).serve_forever())
+    except ConfigError as exc:
+        print(f"cloche serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cloche", description=__doc__)
+    subparsers = parser.add_subparsers(title="commands", required=True)
+    _add_serve(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

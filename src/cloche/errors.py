@@ -1,0 +1,92 @@
+"""Every failure cloche raises, as one tree.
+
+Errors in the *user's* code are not exceptions: they are data in a cell's result
+(`CellResult.error`). What follows are failures of cloche itself or of a request::
+
+    ClocheError
+    ├── ConfigError                 a setting is invalid or the machine can't honour it
+    │   └── BackendUnavailable      runsc missing or unusable
+    ├── ProtocolError               a peer broke the wire format
+    │   ├── IncompleteRead          the stream ended inside a frame
+    │   ├── FrameTooLarge           a declared length is above the limit
+    │   └── InvalidMessage          a frame is not the JSON object expected
+    ├── SandboxError                a sandbox could not be started or was lost
+    │   ├── SandboxStartError       it failed to start (after retries)
+    │   └── KernelDied              it exited or broke the channel while in use
+    └── SessionError                a request about sessions can't be served
+        ├── SessionNotFound         unknown, closed, expired, or someone else's
+        ├── SessionBusy             its queue of waiting cells is full
+        ├── TooManySessions         the server is at --max-sessions
+        └── Unauthorized            a token is required and was missing or wrong
+"""
+
+from __future__ import annotations
+
+
+class ClocheError(Exception):
+    """Base of every exception cloche raises."""
+
+
+class ConfigError(ClocheError):
+    """A setting is invalid or this machine can't honour it."""
+
+
+class BackendUnavailable(ConfigError):
+    """The chosen sandbox backend can't run on this machine."""
+
+
+class ProtocolError(ClocheError):
+    """A peer broke the wire format."""
+
+
+class IncompleteRead(ProtocolError):
+    """The stream ended in the middle of a frame."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame declared a length above the configured maximum."""
+
+    def __init__(self, length: int, limit: int) -> None:
+        super().__init__(f"frame of {length} bytes exceeds the limit of {limit} bytes")
+        self.length = length
+        self.limit = limit
+
+
+class InvalidMessage(ProtocolError):
+    """A frame is not valid UTF-8 JSON of the expected shape."""
+
+
+class SandboxError(ClocheError):
+    """A sandbox could not be started, or was lost."""
+
+
+class SandboxStartError(SandboxError):
+    """A sandbox failed to start."""
+
+
+class KernelDied(SandboxError):
+    """The kernel exited, was killed, or broke the channel protocol."""
+
+
+class SessionError(ClocheError):
+    """A request about sessions can't be served."""
+
+
+class SessionNotFound(SessionError):
+    """The session is unknown, closed, expired, or belongs to another token."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"Session {session_id} not found")
+        self.session_id = session_id
+
+
+class SessionBusy(SessionError):
+    """Too many cells are already waiting for this session."""
+
+
+class TooManySessions(SessionError):
+    """The server already holds --max-sessions sessions."""
+
+
+class Unauthorized(SessionError):
+    """A token is required and was missing or not accepted."""

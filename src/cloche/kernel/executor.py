@@ -1,0 +1,103 @@
+"""Running a cell: REPL semantics over persistent globals.
+
+The last statement, when it is an expression, is evaluated on its own and its value
+becomes the cell's result (as the interactive interpreter echoes it). Tracebacks show the
+user's code under `<cell-N>` names and never the kernel's own frames.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import linecache
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_KERNEL_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class Outcome:
+    """What a cell did: its value (when it ended on an expression) or its exception."""
+
+    has_value: bool = False
+    value: Any = None
+    exception: BaseException | None = None
+
+
+class Executor:
+    """Compiles and runs cells in one persistent namespace."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self.execution_count = 0
+
+    def run(self, source: str, in_cell: Callable[[bool], None]) -> Outcome:
+        """Run one cell. `in_cell(True)` is called right before user code runs, and
+        `in_cell(False)` right after, so that interrupts land only inside the cell."""
+        self.execution_count += 1
+        filename = f"<cell-{self.execution_count}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        try:
+            tree = ast.parse(source, filename=filename, mode="exec")
+            last: ast.Expression | None = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body[-1].value)
+                del tree.body[-1]
+            body = compile(tree, filename, "exec", dont_inherit=True)
+            tail = compile(last, filename, "eval", dont_inherit=True) if last else None
+        except BaseException as exc:  # SyntaxError, ValueError (null bytes), RecursionError...
+            return Outcome(exception=exc)
+        namespace = self.namespace
+        try:
+            in_cell(True)
+            try:
+                exec(body, namespace)  # noqa: S102  # running the user's code is the job
+                value = eval(tail, namespace) if tail is not None else None  # noqa: S307
+            finally:
+                in_cell(False)
+        except BaseException as exc:
+            return Outcome(exception=exc)
+        if tail is None or value is None:
+            return Outcome()
+        namespace["_"] = value
+        return Outcome(has_value=True, value=value)
+
+
+def _user_frames(stack: traceback.StackSummary) -> traceback.StackSummary:
+    """Drop the kernel's frames, and what the kernel called before the cell's own code
+    (such as `ast.parse` for a SyntaxError)."""
+    frames = list(stack)
+    while frames and not frames[0].filename.startswith("<cell-"):
+        frames.pop(0)
+    return traceback.StackSummary.from_list(
+        [f for f in frames if not f.filename.startswith(_KERNEL_DIR)]
+    )
+
+
+def _strip_kernel_frames(exc: traceback.TracebackException) -> None:
+    seen: set[int] = set()
+    pending: list[traceback.TracebackException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack = _user_frames(current.stack)
+        pending += [current.__cause__, current.__context__]
+
+
+def format_error(exc: BaseException) -> dict[str, Any]:
+    """{ename, evalue, traceback: [lines]} for an exception, without kernel frames."""
+    try:
+        summary = traceback.TracebackException.from_exception(exc)
+        _strip_kernel_frames(summary)
+        lines = "".join(summary.format()).splitlines()
+        evalue = str(exc)
+    except BaseException:  # a hostile __str__ or __repr__ must not break the kernel
+        lines = [f"{type(exc).__name__}: <exception could not be formatted>"]
+        evalue = "<exception could not be formatted>"
+    return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}

@@ -1,0 +1,105 @@
+"""The kernel's entry point: set up the channel and output capture, then serve cells.
+
+Started by the host as (see `cloche.sandbox.base.kernel_command`):
+    python -I -S -B -c <bootstrap> <dir holding cloche/kernel> [extra sys.path entries...]
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import signal
+import time
+from typing import Any
+
+from .capture import OutputCapture
+from .channel import Channel
+from .display import is_json_native, mime_bundle
+from .executor import Executor, format_error
+
+
+class Kernel:
+    """One interpreter's worth of state: namespace, capture, and the channel to the host."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.capture = OutputCapture(channel)
+        self.executor = Executor()
+        self.in_cell = False
+        self.output_limit = 1 << 20
+        signal.signal(signal.SIGINT, self._on_sigint)
+        builtins.display = self.display  # type: ignore[attr-defined]
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        # The host interrupts only a running cell; one that arrives after the cell ended
+        # (a race with the host's timer) must not hit the kernel's own code.
+        if self.in_cell:
+            raise KeyboardInterrupt
+
+    def _set_in_cell(self, flag: bool) -> None:
+        self.in_cell = flag
+
+    def display(self, *objects: Any) -> None:
+        """Show objects as rich output of the running cell, as Jupyter's display() does."""
+        self.capture.end_cell()  # keep the order: output printed before the display comes first
+        for obj in objects:
+            self.channel.send({"op": "display", "data": mime_bundle(obj, self.output_limit)})
+
+    def serve(self) -> None:
+        self.channel.send({"op": "ready", "pid": os.getpid()})
+        while (message := self.channel.recv()) is not None:
+            if message.get("op") == "exec":
+                self.execute(
+                    str(message.get("code", "")), int(message.get("output_limit", 1 << 20))
+                )
+
+    def execute(self, code: str, output_limit: int) -> None:
+        self.output_limit = output_limit
+        self.capture.begin_cell(output_limit)
+        started = time.perf_counter()
+        cpu_started = time.process_time()
+        outcome = self.executor.run(code, self._set_in_cell)
+        duration_ms = (time.perf_counter() - started) * 1000
+        cpu_ms = (time.process_time() - cpu_started) * 1000
+        reply: dict[str, Any] = {
+            "op": "done",
+            "status": "ok",
+            "result": None,
+            "error": None,
+            "execution_count": self.executor.execution_count,
+            "duration_ms": duration_ms,
+            "cpu_ms": cpu_ms,
+        }
+        try:
+            if outcome.exception is not None:
+                reply["status"] = "error"
+                reply["error"] = format_error(outcome.exception)
+            elif outcome.has_value:
+                reply["result"] = self._result(outcome.value)
+        except BaseException as exc:  # a hostile __repr__ is the user's error, not ours
+            reply["status"] = "error"
+            reply["result"] = None
+            reply["error"] = format_error(exc)
+        reply["dropped_bytes"] = self.capture.end_cell()
+        self.channel.send(reply)
+
+    def _result(self, value: Any) -> dict[str, Any]:
+        result: dict[str, Any] = {"data": mime_bundle(value, self.output_limit)}
+        if is_json_native(value):
+            result["json"] = value
+        return result
+
+
+def main() -> None:
+    channel = Channel.take_stdio()
+    kernel = Kernel(channel)
+    try:
+        kernel.serve()
+    except BaseException:  # noqa: S110  # the host sees the channel close and reports it
+        pass
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Wire formats: length-prefixed JSON frames and the messages carried in them."""

@@ -1,0 +1,62 @@
+"""Messages of the REPL TCP protocol (see the TCP protocol spec): parsing and replies."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cloche.errors import InvalidMessage
+
+GREETING = {
+    "status": "ok",
+    "message": (
+        'cloche ready: send {"code": "...", "session_id": "optional"} as a 4-byte '
+        "big-endian length followed by UTF-8 JSON"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: code to run, in a session or in a new one."""
+
+    code: str
+    session_id: str | None = None  # None: create a new session
+    timeout_s: float | None = None
+    token: str | None = None
+
+
+def parse_request(message: dict[str, Any]) -> Request:
+    """Check a decoded request's fields; unknown fields are ignored.
+
+    Raises:
+        InvalidMessage: a field is missing or of the wrong type.
+    """
+    code = message.get("code")
+    if not isinstance(code, str):
+        raise InvalidMessage("Invalid request: 'code' must be a string")
+    session_id = message.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        raise InvalidMessage("Invalid request: 'session_id' must be a string")
+    timeout = message.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise InvalidMessage("Invalid request: 'timeout' must be a positive number of seconds")
+    token = message.get("token")
+    if token is not None and not isinstance(token, str):
+        raise InvalidMessage("Invalid request: 'token' must be a string")
+    return Request(
+        code=code,
+        session_id=session_id or None,
+        timeout_s=float(timeout) if timeout is not None else None,
+        token=token,
+    )
+
+
+def error_reply(error: str, **extra: Any) -> dict[str, Any]:
+    return {"status": "error", "error": error, **extra}

@@ -1,0 +1,211 @@
+"""The backend interface, modelled on `subprocess.Popen`, and the registry of backends.
+
+A `Backend` is prepared once per server (checks, state directory, leftovers of a crashed
+run) and makes `Sandbox`es. A `Sandbox` is one started kernel: launch it, talk to it over
+its stdin/stdout pipes, interrupt it, kill it, clean up after it.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+import os
+import secrets
+import signal
+import subprocess
+from pathlib import Path
+from typing import IO, ClassVar
+
+from cloche.config import Limits, ServerConfig
+from cloche.errors import ConfigError
+from cloche.sandbox.state import StateDir
+
+log = logging.getLogger("cloche.sandbox")
+
+KERNEL_PACKAGE_DIR = Path(__file__).resolve().parent.parent / "kernel"
+
+# Imports cloche.kernel without cloche/__init__.py (which needs the host's packages): the
+# sandbox sees only the kernel's directory. argv: [-c, dir holding cloche/, sys.path...]
+_BOOTSTRAP = (
+    "import sys,types;"
+    "m=types.ModuleType('cloche');m.__path__=[sys.argv[1]+'/cloche'];sys.modules['cloche']=m;"
+    "sys.path[:0]=sys.argv[2:];"
+    "from cloche.kernel.main import main;main()"
+)
+
+
+def kernel_command(python: str, package_parent: str, sys_path: list[str]) -> list[str]:
+    """The command line that starts a kernel."""
+    return [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, package_parent, *sys_path]
+
+
+class ExitStep(enum.Enum):
+    """Which step of the shutdown ladder ended a sandbox."""
+
+    EXITED = "exited"  # it was already gone (crashed, or killed from inside)
+    CLOSED = "closed"  # its channel was closed and the kernel exited on its own
+    KILLED = "killed"  # it had to be killed
+    FORCED = "forced"  # even the kill didn't end it; its supervisor was killed
+
+
+class Sandbox(abc.ABC):
+    """One kernel in isolation. Not yet running until `launch()`."""
+
+    def __init__(self, sandbox_id: str, workdir: Path, limits: Limits) -> None:
+        self.id = sandbox_id
+        self.workdir = workdir  # host path of the session's working directory
+        self.limits = limits
+        self.process: subprocess.Popen[bytes] | None = None
+        self.exit_step: ExitStep | None = None
+        self._cleaned = False
+
+    @abc.abstractmethod
+    def launch(self) -> None:
+        """Start the kernel (blocking; call from a thread)."""
+
+    def started(self) -> None:  # noqa: B027  # optional hook
+        """Called once the kernel said it is ready (blocking; call from a thread)."""
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        assert self.process is not None and self.process.stdin is not None
+        return self.process.stdin
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self.process is not None and self.process.stdout is not None
+        return self.process.stdout
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def poll(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout_s)
+
+    @abc.abstractmethod
+    def interrupt(self) -> None:
+        """Raise KeyboardInterrupt in the kernel (SIGINT to the sandboxed interpreter)."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """End the kernel now."""
+
+    def close(self, grace_s: float = 2.0) -> ExitStep:
+        """End the sandbox by the ladder: close its channel, kill it, kill its supervisor.
+
+        Blocking and idempotent; returns the step that ended it and frees everything.
+        """
+        if self.exit_step is None and self.process is not None:
+            self.exit_step = self._shutdown(self.process, grace_s)
+        self.cleanup()
+        return self.exit_step or ExitStep.EXITED
+
+    def _shutdown(self, process: subprocess.Popen[bytes], grace_s: float) -> ExitStep:
+        if process.poll() is not None:
+            return ExitStep.EXITED
+        for stream in (process.stdin,):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            process.wait(grace_s)
+            return ExitStep.CLOSED
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+        try:
+            process.wait(grace_s)
+            return ExitStep.KILLED
+        except subprocess.TimeoutExpired:
+            pass
+        process.kill()
+        process.wait()
+        return ExitStep.FORCED
+
+    def cleanup(self) -> None:
+        """Free what the sandbox held on the host. Idempotent."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        if self.process is not None:
+            for stream in (self.process.stdin, self.process.stdout):
+                try:
+                    if stream is not None:
+                        stream.close()
+                except OSError:
+                    pass
+        self._release()
+
+    @abc.abstractmethod
+    def _release(self) -> None:
+        """Backend-specific part of cleanup, after the process is gone."""
+
+
+class Backend(abc.ABC):
+    """Makes sandboxes of one kind. One per server."""
+
+    name: ClassVar[str]
+    unsafe: ClassVar[bool] = False
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.state = StateDir(config.state_dir)
+
+    def prepare(self) -> None:
+        """Check the machine, clean a crashed run's leftovers, claim a state directory."""
+        self.state.claim(self.clean_stale)
+
+    @abc.abstractmethod
+    def clean_stale(self, instance_dir: Path) -> None:
+        """Remove what a previous (crashed) server left in instance_dir."""
+
+    @abc.abstractmethod
+    def create(self, limits: Limits) -> Sandbox:
+        """A new sandbox (not launched yet)."""
+
+    def shutdown(self) -> None:
+        """Release the state directory. Sandboxes must be closed before."""
+        self.state.release()
+
+    def new_id(self) -> str:
+        return secrets.token_hex(8)
+
+    def describe(self) -> str:
+        return self.name
+
+
+def interrupt_pid(pid: int | None) -> None:
+    """Send SIGINT to pid, ignoring a process that is already gone."""
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+
+
+def create_backend(config: ServerConfig) -> Backend:
+    """The backend named by config.backend ("auto" is gVisor: unsafe_local is opt-in only)."""
+    from cloche.sandbox.gvisor import GVisorBackend
+    from cloche.sandbox.unsafe_local import UnsafeLocalBackend
+
+    registry: dict[str, type[Backend]] = {
+        "auto": GVisorBackend,
+        "gvisor": GVisorBackend,
+        "unsafe-local": UnsafeLocalBackend,
+        "unsafe_local": UnsafeLocalBackend,
+    }
+    try:
+        backend_class = registry[config.backend]
+    except KeyError:
+        names = ", ".join(sorted({"auto", "gvisor", "unsafe-local"}))
+        raise ConfigError(f"unknown backend {config.backend!r}; choose one of {names}") from None
+    return backend_class(config)

@@ -1,0 +1,46 @@
+"""The host cgroups runsc makes for sandboxes (under `cloche/<instance>/`), and removing them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroups_path(instance: str, sandbox_id: str) -> str:
+    """The OCI `linux.cgroupsPath` for a sandbox."""
+    return f"/cloche/{instance}/{sandbox_id}"
+
+
+def _hierarchies() -> list[Path]:
+    """cgroup v1 controller mounts, plus the root itself (v2 or the unified hierarchy)."""
+    roots = [CGROUP_ROOT]
+    try:
+        roots += [p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        pass
+    return roots
+
+
+def remove(relative: str) -> None:
+    """rmdir the cgroup at relative (and its children) in every hierarchy, if empty."""
+    relative = relative.strip("/")
+    for root in _hierarchies():
+        top = root / relative
+        if not top.is_dir():
+            continue
+        for directory, _, _ in sorted(os.walk(top), key=lambda e: len(e[0]), reverse=True):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass  # still has processes, or already gone
+
+
+def remove_if_empty(relative: str) -> None:
+    """rmdir one cgroup directory in every hierarchy, where it has no children left."""
+    for root in _hierarchies():
+        try:
+            os.rmdir(root / relative.strip("/"))
+        except OSError:
+            pass

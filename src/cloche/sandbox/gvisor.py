@@ -1,0 +1,218 @@
+"""The gVisor backend: every sandbox is a `runsc run` of a hand-made OCI bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from cloche.config import Limits, ServerConfig
+from cloche.errors import BackendUnavailable, SandboxStartError
+from cloche.sandbox import cgroups, mounts
+from cloche.sandbox.base import (
+    KERNEL_PACKAGE_DIR,
+    Backend,
+    Sandbox,
+    interrupt_pid,
+    kernel_command,
+    log,
+)
+from cloche.sandbox.bundle import (
+    KERNEL_MOUNT,
+    RUNTIME_MOUNT,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    Mount,
+    build_rootfs,
+    oci_config,
+)
+from cloche.sandbox.runsc import INSTALL_HINT, Runsc
+
+PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not tried
+
+
+class GVisorBackend(Backend):
+    """One runsc sandbox per session."""
+
+    name = "gvisor"
+
+    def __init__(self, config: ServerConfig) -> None:
+        super().__init__(config)
+        self.runsc: Runsc | None = None
+        python_prefix = Path(sys.base_prefix).resolve()
+        self.python = str(
+            Path(sys.base_exec_prefix)
+            / "bin"
+            / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        )
+        self.mounts = [Mount(KERNEL_PACKAGE_DIR, KERNEL_MOUNT)]
+        if not python_prefix.is_relative_to("/usr"):
+            self.mounts.append(Mount(python_prefix, str(python_prefix)))
+        self.sys_path: list[str] = []
+        if config.runtime_dir is not None and config.runtime_dir.is_dir():
+            self.mounts.append(Mount(config.runtime_dir.resolve(), RUNTIME_MOUNT))
+            self.sys_path.append(RUNTIME_MOUNT)
+
+    @property
+    def rootfs(self) -> Path:
+        return self.state.path / "rootfs"
+
+    def prepare(self) -> None:
+        if os.geteuid() != 0:
+            raise BackendUnavailable(
+                "the gVisor backend needs root (runsc creates namespaces and cgroups): run "
+                "cloche serve as root, or use --backend unsafe-local, which is NOT isolated"
+            )
+        self.runsc = Runsc.find(self.config.state_dir / "runsc")
+        super().prepare()
+        self.runsc.root = self.state.path / "runsc"
+        self.runsc.root.mkdir(mode=0o700)
+        (self.state.path / "sandboxes").mkdir()
+        build_rootfs(self.rootfs, self.mounts)
+        self.runsc.platform = self._choose_platform()
+        log.info(
+            "gVisor backend ready: runsc %s, platform %s, state %s",
+            self.runsc.version,
+            self.runsc.platform,
+            self.state.path,
+        )
+
+    def _choose_platform(self) -> str:
+        assert self.runsc is not None
+        wanted = self.config.platform
+        candidates = PLATFORMS if wanted == "auto" else (wanted,)
+        failures: list[str] = []
+        for platform in candidates:
+            self.runsc.platform = platform
+            error = self._probe()
+            if error is None:
+                return platform
+            failures.append(f"{platform}: {error}")
+        raise BackendUnavailable(
+            f"runsc {self.runsc.version} could not start a sandbox ({'; '.join(failures)}): "
+            + INSTALL_HINT
+        )
+
+    def _probe(self) -> str | None:
+        """Start a sandbox and wait for its kernel's first message; the error, if any."""
+        sandbox = self.create(Limits())
+        try:
+            sandbox.launch()
+            ready, _, _ = select.select([sandbox.stdout], [], [], 30.0)
+            if not ready or not sandbox.stdout.read(4):
+                return sandbox.startup_log() or "no answer from the kernel"
+            return None
+        except Exception as exc:  # any failure means this platform is not usable
+            return str(exc)
+        finally:
+            sandbox.close(grace_s=5.0)
+
+    def create(self, limits: Limits) -> GVisorSandbox:
+        return GVisorSandbox(self, self.new_id(), limits)
+
+    def clean_stale(self, instance_dir: Path) -> None:
+        if self.runsc is not None:
+            stale = Runsc(self.runsc.binary, instance_dir / "runsc", self.runsc.platform)
+            for sandbox_id in stale.list_ids():
+                stale.kill(sandbox_id)
+                stale.delete(sandbox_id)
+        for point in mounts.mounts_under(instance_dir):
+            mounts.unmount(point)
+        cgroups.remove(f"cloche/{instance_dir.name}")
+
+    def shutdown(self) -> None:
+        if self.state.path.exists():
+            for point in mounts.mounts_under(self.state.path):
+                mounts.unmount(point)
+        cgroups.remove(f"cloche/{self.state.instance}")
+        cgroups.remove_if_empty("cloche")  # shared by servers side by side: kept while in use
+        super().shutdown()
+
+
+class GVisorSandbox(Sandbox):
+    """A kernel in its own runsc sandbox, attached (`runsc run`) through pipes."""
+
+    def __init__(self, backend: GVisorBackend, sandbox_id: str, limits: Limits) -> None:
+        self.backend = backend
+        self.home = backend.state.path / "sandboxes" / sandbox_id
+        super().__init__(sandbox_id, self.home / "work", limits)
+        self.sandbox_pid: int | None = None
+        self._mounted = False
+
+    @property
+    def runsc(self) -> Runsc:
+        assert self.backend.runsc is not None
+        return self.backend.runsc
+
+    def launch(self) -> None:
+        try:
+            self._launch()
+        except Exception as exc:
+            self.close(grace_s=1.0)
+            raise SandboxStartError(f"could not start sandbox {self.id}: {exc}") from exc
+
+    def _launch(self) -> None:
+        backend = self.backend
+        self.workdir.mkdir(parents=True)
+        mounts.mount_tmpfs(self.workdir, self.limits.disk_mib, SANDBOX_UID, SANDBOX_GID)
+        self._mounted = True
+        bundle = self.home / "bundle"
+        bundle.mkdir()
+        config = oci_config(
+            rootfs=backend.rootfs,
+            args=kernel_command(
+                backend.python, str(Path(KERNEL_MOUNT).parent.parent), backend.sys_path
+            ),
+            workdir=self.workdir,
+            mounts=backend.mounts,
+            limits=self.limits,
+            cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),
+        )
+        (bundle / "config.json").write_text(json.dumps(config))
+        with open(self.home / "runsc.log", "wb") as stderr:
+            self.process = subprocess.Popen(
+                self.runsc.run_args(bundle, self.id),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,  # a Ctrl-C at the server's terminal must not reach it
+                bufsize=0,
+            )
+
+    def started(self) -> None:
+        try:
+            self.sandbox_pid = int(self.runsc.state(self.id)["pid"])
+        except (RuntimeError, KeyError, ValueError, OSError, subprocess.SubprocessError) as exc:
+            log.warning("no pid for sandbox %s (%s): interrupts will use runsc kill", self.id, exc)
+
+    def startup_log(self) -> str:
+        try:
+            text = (self.home / "runsc.log").read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        return text[-2000:]
+
+    def interrupt(self) -> None:
+        if self.sandbox_pid is not None:
+            interrupt_pid(self.sandbox_pid)
+        else:
+            self.runsc.kill(self.id, "INT")
+
+    def kill(self) -> None:
+        if not self.runsc.kill(self.id, "KILL") and self.process is not None:
+            self.process.kill()
+
+    def _release(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.runsc.has_state(self.id):
+            self.runsc.delete(self.id)
+        cgroups.remove(cgroups.cgroups_path(self.backend.state.instance, self.id))
+        if self._mounted:
+            mounts.unmount(self.workdir)
+        shutil.rmtree(self.home, ignore_errors=True)

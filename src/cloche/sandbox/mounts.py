@@ -1,0 +1,41 @@
+"""Host mounts for working directories: a size-limited tmpfs per sandbox."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MNT_DETACH = 2
+
+
+def mount_tmpfs(path: Path, size_mib: int, uid: int, gid: int) -> None:
+    """Mount a tmpfs of size_mib on path, owned by uid:gid, mode 0700."""
+    options = f"size={size_mib}m,mode=0700,uid={uid},gid={gid}".encode()
+    if _libc.mount(b"tmpfs", bytes(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount tmpfs on {path}: {os.strerror(errno)}")
+
+
+def unmount(path: Path) -> None:
+    """Detach whatever is mounted on path; nothing if nothing is."""
+    if _libc.umount2(bytes(path), _MNT_DETACH) != 0:
+        errno = ctypes.get_errno()
+        if errno not in (22, 2):  # EINVAL: not a mount point; ENOENT: gone
+            raise OSError(errno, f"umount {path}: {os.strerror(errno)}")
+
+
+def mounts_under(directory: Path) -> list[Path]:
+    """Mount points at or below directory, deepest first (from /proc/self/mountinfo)."""
+    prefix = str(directory)
+    found: list[Path] = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            point = line.split()[4].replace("\\040", " ")
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(Path(point))
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)

@@ -1,0 +1,102 @@
+"""Calling the runsc binary: finding it, its flags, and its state/kill/delete commands."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from cloche.errors import BackendUnavailable
+
+INSTALL_HINT = (
+    "install gVisor's runsc (on Debian/Ubuntu, ./run.sh does it; elsewhere see "
+    "https://gvisor.dev/docs/user_guide/install/), or run with --backend unsafe-local, "
+    "which is NOT isolated"
+)
+
+
+class Runsc:
+    """One runsc binary with one state root (`--root`) and platform."""
+
+    def __init__(self, binary: str, root: Path, platform: str = "systrap") -> None:
+        self.binary = binary
+        self.root = root
+        self.platform = platform
+
+    @classmethod
+    def find(cls, root: Path) -> Runsc:
+        binary = shutil.which("runsc")
+        if binary is None:
+            raise BackendUnavailable(f"runsc was not found on PATH: {INSTALL_HINT}")
+        runsc = cls(binary, root)
+        try:
+            runsc.version  # noqa: B018  # runs `runsc --version`
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise BackendUnavailable(
+                f"runsc at {binary} does not run ({exc}): {INSTALL_HINT}"
+            ) from exc
+        return runsc
+
+    @cached_property
+    def version(self) -> str:
+        out = subprocess.run(
+            [self.binary, "--version"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+        match = re.search(r"runsc version (\S+)", out)
+        return match.group(1) if match else out.strip().splitlines()[0]
+
+    @cached_property
+    def flags(self) -> set[str]:
+        out = subprocess.run(
+            [self.binary, "flags"], capture_output=True, text=True, timeout=10
+        ).stderr
+        return set(re.findall(r"^\s+-([\w-]+)", out, re.MULTILINE))
+
+    def global_args(self) -> list[str]:
+        args = [
+            self.binary,
+            "--root",
+            str(self.root),
+            "--network=none",
+            f"--platform={self.platform}",
+        ]
+        if "overlay2" in self.flags:
+            args.append("--overlay2=none")  # writes go to the mounts we chose, nowhere else
+        return args
+
+    def run_args(self, bundle: Path, sandbox_id: str) -> list[str]:
+        return [*self.global_args(), "run", "--bundle", str(bundle), sandbox_id]
+
+    def _call(self, *args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.binary, "--root", str(self.root), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+    def state(self, sandbox_id: str) -> dict[str, Any]:
+        done = self._call("state", sandbox_id)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip())
+        state: dict[str, Any] = json.loads(done.stdout)
+        return state
+
+    def kill(self, sandbox_id: str, signal_name: str = "KILL") -> bool:
+        return self._call("kill", sandbox_id, signal_name).returncode == 0
+
+    def delete(self, sandbox_id: str) -> None:
+        self._call("delete", "--force", sandbox_id, timeout_s=30.0)
+
+    def list_ids(self) -> list[str]:
+        if not self.root.exists():
+            return []
+        done = self._call("list", "-quiet")
+        return done.stdout.split() if done.returncode == 0 else []
+
+    def has_state(self, sandbox_id: str) -> bool:
+        return any(self.root.glob(f"*{sandbox_id}*"))

@@ -1,0 +1,76 @@
+"""Per-server state directories, and finding the ones a crashed server left behind.
+
+Each running server owns `<state_dir>/<instance>/` and holds an exclusive flock on
+`<state_dir>/<instance>.lock` for as long as it runs (the lock file is locked before it
+gets its name, so a visible lock file is always held by a live server or by nobody).
+A directory whose lock can be taken, or that has no lock file, was left by a server that
+is gone: its leftovers are cleaned before the new server starts. Servers running side by
+side never touch each other's directories.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("cloche.sandbox")
+
+
+class StateDir:
+    """This server's state directory under the shared base directory."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.instance = f"{os.getpid()}-{secrets.token_hex(3)}"
+        self.path = base / self.instance
+        self._lock_path = base / f"{self.instance}.lock"
+        self._lock_fd: int | None = None
+
+    def claim(self, clean_stale: Callable[[Path], None]) -> None:
+        """Lock this server's name, clean stale siblings, create this server's directory."""
+        self.base.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pending = self.base / f".{self.instance}.new"
+        fd = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(pending, self._lock_path)
+        self._lock_fd = fd
+        for sibling in sorted(self.base.iterdir()):
+            if sibling.is_dir() and sibling != self.path:
+                self._clean_if_stale(sibling, clean_stale)
+        self.path.mkdir(mode=0o700)
+
+    def _clean_if_stale(self, directory: Path, clean_stale: Callable[[Path], None]) -> None:
+        lock_path = directory.with_name(directory.name + ".lock")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return  # a live server's
+            log.warning("cleaning leftovers of a previous server in %s", directory)
+            try:
+                clean_stale(directory)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+                lock_path.unlink(missing_ok=True)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def release(self) -> None:
+        """Remove this server's directory, then its lock. Idempotent."""
+        if self._lock_fd is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._lock_path.unlink(missing_ok=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None

@@ -1,0 +1,1 @@
+"""Front ends over one session manager: the REPL TCP protocol and HTTP."""

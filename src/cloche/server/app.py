@@ -1,0 +1,76 @@
+"""The server: one session manager, its front ends, and an orderly shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from cloche.config import ServerConfig
+from cloche.sandbox.base import Backend, create_backend
+from cloche.server.http import HTTPFrontEnd
+from cloche.server.tcp import TCPFrontEnd
+from cloche.sessions.manager import LocalSessionManager
+
+log = logging.getLogger("cloche.server")
+
+
+class Server:
+    """`cloche serve`: TCP and HTTP front ends over one session manager."""
+
+    def __init__(self, config: ServerConfig, backend: Backend | None = None) -> None:
+        self.config = config
+        self.backend = backend or create_backend(config)
+        self.manager = LocalSessionManager(config, self.backend)
+        self.tcp = TCPFrontEnd(self.manager, config)
+        self.http: HTTPFrontEnd | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    async def start(self) -> None:
+        """Prepare the backend, start the pool, and listen. Fails fast on a bad setup."""
+        await self.manager.start()
+        try:
+            await self.tcp.start()
+            self.http = HTTPFrontEnd(self.manager, self.config.host, self.config.http_port)
+            self._http_task = asyncio.create_task(self.http.serve(), name="cloche-http")
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "cloche listening tcp=%s:%s http=%s:%s backend=%s pool=%d",
+            self.config.host,
+            self.tcp.port,
+            self.config.host,
+            self.http.port,
+            self.backend.describe(),
+            self.config.pool_size,
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, interrupt cells, tear down every sandbox. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        log.info("shutting down")
+        if self.http is not None:
+            self.http.stop()
+        await self.tcp.close()
+        await self.manager.stop()
+        if self._http_task is not None:
+            await asyncio.gather(self._http_task, return_exceptions=True)
+        log.info("stopped")
+
+    async def serve_forever(self) -> None:
+        """Run until SIGTERM or SIGINT, then shut down cleanly."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await self.start()
+            await stop.wait()
+        finally:
+            await self.stop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)

@@ -1,0 +1,1 @@
+"""Sessions: live kernels by id, the warm pool that starts them, and the manager over both."""

@@ -1,0 +1,382 @@
+"""The host's side of one kernel's channel: send cells, collect what they produce.
+
+Whatever the kernel sends is untrusted: the kernel shares its process with the user's
+code, which can write anything to the channel. Every message is validated and bounded
+here; a kernel that breaks the protocol loses its sandbox, and only its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cloche.config import MIB, Limits
+from cloche.errors import (
+    InvalidMessage,
+    KernelDied,
+    ProtocolError,
+    SandboxStartError,
+)
+from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
+from cloche.sandbox.base import ExitStep, Sandbox
+from cloche.sessions.result import CellResult, CellStatus
+
+log = logging.getLogger("cloche.kernel")
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+# Output a kernel may send beyond a cell's limit before it counts as a flood (its own
+# kernel caps output, so only a hostile one gets near this).
+_FLOOD_FACTOR = 4
+_BETWEEN_CELLS_BUDGET = 64 * MIB
+
+
+class _Stage(enum.Enum):
+    RUNNING = "running"
+    INTERRUPTING = "interrupting"  # SIGINT sent; waiting for the grace period
+    KILLING = "killing"  # grace is over; the sandbox is being killed
+
+
+class _Cell:
+    """The cell in flight and what has arrived for it."""
+
+    def __init__(self, timeout_s: float, limit_chars: int, on_event: EventCallback | None) -> None:
+        self.timeout_s = timeout_s
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.result = CellResult()
+        self.limit_chars = limit_chars
+        self.kept_chars = 0
+        self.received_chars = 0
+        self.on_event = on_event
+        self.stage = _Stage.RUNNING
+        self.reason: CellStatus | None = None  # TIMEOUT or INTERRUPTED once signalled
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _ChannelProtocol(asyncio.Protocol):
+    def __init__(self, client: KernelClient, max_frame_bytes: int) -> None:
+        self.client = client
+        self.decoder = FrameDecoder(max_frame_bytes)
+
+    def data_received(self, data: bytes) -> None:
+        if self.client.killing:
+            return  # nothing more from this kernel is believed
+        try:
+            for body in self.decoder.feed(data):
+                self.client._dispatch(decode_body(body))
+        except ProtocolError as exc:
+            self.client._violation(str(exc))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._lost()
+
+
+class KernelClient:
+    """A started kernel in a sandbox, and the cells sent to it (one at a time)."""
+
+    def __init__(self, sandbox: Sandbox, limits: Limits, max_frame_bytes: int) -> None:
+        self.sandbox = sandbox
+        self.limits = limits
+        self.max_frame_bytes = max_frame_bytes
+        self.alive = False
+        self.death: str | None = None  # why it died, when it did
+        self._ready: asyncio.Future[None] | None = None
+        self._writer: asyncio.WriteTransport | None = None
+        self._reader: asyncio.ReadTransport | None = None
+        self._cell: _Cell | None = None
+        self._closed: asyncio.Future[None] | None = None
+        self._between_cells_chars = 0
+        self._exit_step: ExitStep | None = None
+        self.killing = False
+
+    @property
+    def id(self) -> str:
+        return self.sandbox.id
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        """Launch the sandbox and wait for its kernel to say it is ready.
+
+        Raises:
+            SandboxStartError: it did not start, or did not answer within timeout_s.
+        """
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._closed = loop.create_future()
+        launch = asyncio.ensure_future(asyncio.to_thread(self.sandbox.launch))
+        try:
+            await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # The launch thread can't be cancelled: let it finish, then undo it.
+            await asyncio.gather(launch, return_exceptions=True)
+            await self.close()
+            raise
+        try:
+            self._reader, _ = await loop.connect_read_pipe(
+                lambda: _ChannelProtocol(self, self.max_frame_bytes), self.sandbox.stdout
+            )
+            self._writer, _ = await loop.connect_write_pipe(asyncio.Protocol, self.sandbox.stdin)
+            async with asyncio.timeout(timeout_s):
+                await self._ready
+            await asyncio.to_thread(self.sandbox.started)
+        except BaseException as exc:
+            await self.close()
+            if isinstance(exc, TimeoutError):
+                raise SandboxStartError(
+                    f"sandbox {self.id} did not answer within {timeout_s:g} s"
+                ) from exc
+            if isinstance(exc, KernelDied):
+                raise SandboxStartError(f"sandbox {self.id} exited while starting: {exc}") from exc
+            raise
+        self.alive = True
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        output_limit: int | None = None,
+        on_event: EventCallback | None = None,
+    ) -> CellResult:
+        """Run one cell. Never raises for what the cell did; KernelDied if it can't run.
+
+        A cell over timeout_s is interrupted; one still running `interrupt_grace_s` later
+        has its sandbox killed (status KILLED).
+        """
+        if not self.alive or self._writer is None:
+            raise KernelDied(self.death or f"sandbox {self.id} is not running")
+        assert self._cell is None, "one cell at a time: the session serialises cells"
+        limit = output_limit if output_limit is not None else self.limits.output_bytes
+        cell = _Cell(timeout_s, limit, on_event)
+        loop = asyncio.get_running_loop()
+        cell.timer = loop.call_later(timeout_s, self._on_deadline, cell)
+        self._cell = cell
+        self._writer.write(encode_frame({"op": "exec", "code": code, "output_limit": limit}))
+        try:
+            await asyncio.shield(cell.future)
+        finally:
+            cell.timer.cancel()
+            if self._cell is cell:
+                self._cell = None
+        return cell.result
+
+    def interrupt(self) -> bool:
+        """Interrupt the running cell, if any (escalating to a kill after the grace)."""
+        cell = self._cell
+        if cell is None or cell.stage is not _Stage.RUNNING:
+            return False
+        self._signal(cell, CellStatus.INTERRUPTED)
+        return True
+
+    def _on_deadline(self, cell: _Cell) -> None:
+        if cell.future.done():
+            return
+        if cell.stage is _Stage.RUNNING:
+            self._signal(cell, CellStatus.TIMEOUT)
+        elif cell.stage is _Stage.INTERRUPTING:
+            cell.stage = _Stage.KILLING
+            grace = self.limits.interrupt_grace_s
+            why = (
+                f"the cell exceeded its time limit of {cell.timeout_s:g} s (--cell-timeout)"
+                if cell.reason is CellStatus.TIMEOUT
+                else "the cell was interrupted"
+            )
+            self._kill(f"{why} and did not stop within {grace:g} s of the interrupt")
+
+    def _signal(self, cell: _Cell, reason: CellStatus) -> None:
+        cell.stage = _Stage.INTERRUPTING
+        cell.reason = reason
+        if cell.timer is not None:
+            cell.timer.cancel()
+        loop = asyncio.get_running_loop()
+        cell.timer = loop.call_later(self.limits.interrupt_grace_s, self._on_deadline, cell)
+        loop.run_in_executor(None, self.sandbox.interrupt)
+
+    def _kill(self, why: str) -> None:
+        if self.death is None:
+            self.death = why
+        self.killing = True
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, self.sandbox.kill)
+        loop.call_later(10.0, self._lost)  # in case the channel never closes
+
+    # -- messages from the kernel -------------------------------------------------------
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        cell = self._cell
+        if op == "stream":
+            self._on_stream(cell, message)
+        elif op == "display":
+            if cell is not None and cell.stage is not _Stage.KILLING:
+                data = _mime_bundle(message.get("data"))
+                cell.result.displays.append(data)
+                self._emit(cell, {"type": "display", "data": data})
+        elif op == "done":
+            if cell is None:
+                raise InvalidMessage("end of a cell that was never sent")
+            self._on_done(cell, message)
+        elif op == "ready":
+            if self._ready is None or self._ready.done():
+                raise InvalidMessage("a second ready message")
+            self._ready.set_result(None)
+        else:
+            raise InvalidMessage(f"unknown message {str(op)[:40]!r}")
+
+    def _on_stream(self, cell: _Cell | None, message: dict[str, Any]) -> None:
+        name, text = message.get("name"), message.get("text")
+        if name not in ("stdout", "stderr") or not isinstance(text, str):
+            raise InvalidMessage("malformed stream message")
+        if cell is None:
+            # Output of background threads between cells: nobody to give it to.
+            self._between_cells_chars += len(text)
+            if self._between_cells_chars > _BETWEEN_CELLS_BUDGET:
+                raise InvalidMessage("output flood between cells")
+            return
+        cell.received_chars += len(text)
+        if cell.received_chars > cell.limit_chars * _FLOOD_FACTOR + MIB:
+            raise InvalidMessage(f"output flood ({cell.received_chars} characters in one cell)")
+        room = cell.limit_chars - cell.kept_chars
+        if len(text) > room:
+            cell.result.dropped_bytes += len(text) - max(room, 0)
+            text = text[: max(room, 0)]
+        if not text:
+            return
+        cell.kept_chars += len(text)
+        streams = cell.result.streams
+        if streams and streams[-1][0] == name:
+            streams[-1] = (name, streams[-1][1] + text)
+        else:
+            streams.append((name, text))
+        self._emit(cell, {"type": name, "text": text})
+
+    def _on_done(self, cell: _Cell, message: dict[str, Any]) -> None:
+        result = cell.result
+        status = message.get("status")
+        if status not in ("ok", "error"):
+            raise InvalidMessage("malformed end of cell")
+        result.error = _error(message.get("error")) if status == "error" else None
+        result.result = _result(message.get("result")) if status == "ok" else None
+        result.execution_count = _number(message.get("execution_count"), int)
+        result.duration_ms = _number(message.get("duration_ms"), float)
+        result.cpu_ms = _number(message.get("cpu_ms"), float)
+        result.dropped_bytes += _number(message.get("dropped_bytes"), int)
+        result.status = CellStatus.ERROR if status == "error" else CellStatus.OK
+        if result.error is not None:
+            ename = result.error["ename"]
+            if ename == "KeyboardInterrupt" and cell.reason is not None:
+                result.status = cell.reason
+                result.message = _interrupt_message(cell.reason, cell.timeout_s)
+            elif ename == "MemoryError":
+                result.message = (
+                    f"MemoryError: the cell hit the memory limit of {self.limits.memory_mib} MiB "
+                    "(--memory-mib); the session survived"
+                )
+        if result.dropped_bytes:
+            result.message = _join(
+                result.message,
+                f"output truncated: {result.dropped_bytes} bytes beyond the limit of "
+                f"{cell.limit_chars} bytes per cell were dropped (--output-limit)",
+            )
+        cell.future.set_result(None)
+
+    def _emit(self, cell: _Cell, event: dict[str, Any]) -> None:
+        if cell.on_event is not None:
+            try:
+                cell.on_event(event)
+            except Exception:  # a front end's listener must not break the channel
+                log.exception("event listener failed")
+
+    def _violation(self, why: str) -> None:
+        if self.death is None:
+            log.warning("sandbox %s broke the channel protocol: %s", self.id, why)
+            self._kill(f"the kernel broke the channel protocol ({why})")
+
+    def _lost(self) -> None:
+        """The channel closed: the sandbox is dead or being killed."""
+        self.alive = False
+        if self.death is None:
+            code = self.sandbox.poll()
+            self.death = "the sandbox exited unexpectedly" + (
+                f" (exit status {code})" if code is not None else ""
+            )
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(KernelDied(self.death))
+        cell = self._cell
+        if cell is not None and not cell.future.done():
+            cell.result.status = CellStatus.KILLED
+            cell.result.message = f"{self.death}; the session is gone"
+            cell.future.set_result(None)
+        if self._reader is not None:
+            self._reader.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    async def close(self, grace_s: float = 2.0) -> ExitStep:
+        """End the sandbox (close, then kill if needed) and free everything. Idempotent."""
+        self.alive = False
+        if self.death is None:
+            self.death = "the session was closed"
+        if self._writer is not None:
+            self._writer.close()  # the kernel reads EOF and exits
+        if self._exit_step is None:
+            self._exit_step = await asyncio.to_thread(self.sandbox.close, grace_s)
+        if self._reader is not None:
+            self._reader.close()
+        return self._exit_step
+
+
+def _join(first: str | None, second: str) -> str:
+    return f"{first}; {second}" if first else second
+
+
+def _interrupt_message(reason: CellStatus, timeout_s: float) -> str:
+    if reason is CellStatus.TIMEOUT:
+        return (
+            f"the cell exceeded its time limit of {timeout_s:g} s (--cell-timeout) "
+            "and was interrupted; the session survived"
+        )
+    return "the cell was interrupted; the session survived"
+
+
+def _number(value: Any, kind: type[int] | type[float]) -> Any:
+    if value is None:
+        return kind(0)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidMessage("malformed number")
+    return kind(value)
+
+
+def _mime_bundle(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise InvalidMessage("malformed MIME bundle")
+    if not isinstance(data.get("text/plain", ""), str):
+        raise InvalidMessage("malformed text/plain")
+    return data
+
+
+def _result(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"data", "json"}:
+        raise InvalidMessage("malformed result")
+    result = {"data": _mime_bundle(value.get("data"))}
+    if "json" in value:
+        result["json"] = value["json"]
+    return result
+
+
+def _error(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidMessage("malformed error")
+    ename, evalue, tb = value.get("ename"), value.get("evalue"), value.get("traceback")
+    if not (
+        isinstance(ename, str)
+        and isinstance(evalue, str)
+        and isinstance(tb, list)
+        and all(isinstance(line, str) for line in tb)
+    ):
+        raise InvalidMessage("malformed error")
+    return {"ename": ename, "evalue": evalue, "traceback": tb}

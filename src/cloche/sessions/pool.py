@@ -1,0 +1,161 @@
+"""The warm pool: sandboxes started ahead of need, so a new session doesn't wait for one.
+
+Refills run in the background, a bounded number at a time (starting a sandbox costs a
+core for ~0.2 s; starting many at once would starve running cells). A sandbox taken from
+the pool is checked alive first: the pool never hands out a dead one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+
+from cloche.config import Limits
+from cloche.errors import SandboxStartError
+from cloche.sandbox.base import Backend
+from cloche.sessions.kernel import KernelClient
+
+log = logging.getLogger("cloche.pool")
+
+START_ATTEMPTS = 3
+
+
+class WarmPool:
+    """Keeps `size` started kernels ready; `take()` returns one at once when it can."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        limits: Limits,
+        *,
+        size: int,
+        max_frame_bytes: int,
+        start_concurrency: int = 0,
+    ) -> None:
+        self.backend = backend
+        self.limits = limits
+        self.size = size
+        self.max_frame_bytes = max_frame_bytes
+        self._ready: deque[KernelClient] = deque()
+        self._starting = 0
+        self._starts = asyncio.Semaphore(start_concurrency or os.cpu_count() or 1)
+        self._wanted = asyncio.Event()  # set when the pool may be below its size
+        self._added = asyncio.Event()  # set when a kernel joins the pool
+        self._refill_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.hits = 0
+        self.misses = 0
+        self.start_failures = 0
+        self.last_start_ok = True  # whether the most recent sandbox start succeeded
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def start(self) -> None:
+        self._refill_task = asyncio.create_task(self._refill(), name="cloche-pool-refill")
+        self._wanted.set()
+
+    async def wait_full(self, timeout_s: float = 120.0) -> None:
+        """Wait until the pool holds `size` ready kernels (for start-up and tests)."""
+        async with asyncio.timeout(timeout_s):
+            while len(self._ready) < self.size:
+                self._added.clear()
+                await self._added.wait()
+
+    async def take(self) -> KernelClient:
+        """A started kernel: from the pool when one is ready, else started now.
+
+        Raises:
+            SandboxStartError: no sandbox could be started.
+        """
+        while self._ready:
+            kernel = self._ready.popleft()
+            self._wanted.set()
+            if kernel.alive:
+                self.hits += 1
+                return kernel
+            log.warning("pooled sandbox %s died while waiting: %s", kernel.id, kernel.death)
+            await kernel.close()
+        self.misses += 1
+        self._wanted.set()
+        return await self._start_with_retries()
+
+    async def _start_with_retries(self) -> KernelClient:
+        error: Exception | None = None
+        for attempt in range(1, START_ATTEMPTS + 1):
+            kernel = KernelClient(
+                self.backend.create(self.limits), self.limits, self.max_frame_bytes
+            )
+            started = time.perf_counter()
+            try:
+                await kernel.start()
+            except SandboxStartError as exc:
+                self.start_failures += 1
+                self.last_start_ok = False
+                error = exc
+                log.warning(
+                    "sandbox start failed (attempt %d/%d): %s", attempt, START_ATTEMPTS, exc
+                )
+                await asyncio.sleep(0.1 * attempt)
+                continue
+            self.last_start_ok = True
+            log.info(
+                "sandbox started id=%s start_ms=%.1f",
+                kernel.id,
+                (time.perf_counter() - started) * 1000,
+            )
+            return kernel
+        raise SandboxStartError(
+            f"no sandbox could be started after {START_ATTEMPTS} attempts: {error}"
+        ) from error
+
+    async def _refill(self) -> None:
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            while not self._closed:
+                await self._wanted.wait()
+                self._wanted.clear()
+                while len(self._ready) + self._starting < self.size and not self._closed:
+                    self._starting += 1
+                    task = asyncio.create_task(self._add_one())
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _add_one(self) -> None:
+        try:
+            async with self._starts:
+                if self._closed:
+                    return
+                try:
+                    kernel = await self._start_with_retries()
+                except SandboxStartError as exc:
+                    log.error("pool refill failed: %s", exc)
+                    await asyncio.sleep(1.0)  # don't spin on a broken machine
+                    self._wanted.set()
+                    return
+            if self._closed:
+                await kernel.close()
+            else:
+                self._ready.append(kernel)
+                self._added.set()
+        finally:
+            self._starting -= 1
+
+    async def close(self) -> None:
+        """Stop refilling and close every pooled kernel."""
+        self._closed = True
+        self._wanted.set()
+        if self._refill_task is not None:
+            self._refill_task.cancel()
+            await asyncio.gather(self._refill_task, return_exceptions=True)
+        kernels = list(self._ready)
+        self._ready.clear()
+        await asyncio.gather(*(k.close() for k in kernels), return_exceptions=True)

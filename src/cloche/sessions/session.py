@@ -1,0 +1,138 @@
+"""A session: one kernel, its cells in FIFO order, and its lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass
+
+from cloche.errors import KernelDied, SessionBusy
+from cloche.sandbox.base import ExitStep
+from cloche.sessions.kernel import EventCallback, KernelClient
+from cloche.sessions.result import CellResult
+
+log = logging.getLogger("cloche.session")
+
+
+class SessionState(enum.Enum):
+    """Where a session is in its life."""
+
+    IDLE = "idle"  # alive, no cell running
+    BUSY = "busy"  # a cell is running (more may be queued)
+    CLOSING = "closing"  # being torn down; takes no more cells
+    CLOSED = "closed"  # gone: its sandbox is freed
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """What can be told about a session without touching it."""
+
+    id: str
+    owner: str | None
+    state: SessionState
+    created_at: float  # unix time, s
+    last_active: float  # unix time, s
+    execution_count: int
+    queued_cells: int
+
+
+class Session:
+    """A live kernel that keeps its state between cells; cells run one at a time."""
+
+    def __init__(
+        self, session_id: str, kernel: KernelClient, owner: str | None, max_queued: int
+    ) -> None:
+        self.id = session_id
+        self.kernel = kernel
+        self.owner = owner
+        self.state = SessionState.IDLE
+        self.created_at = time.time()
+        self.last_active = time.monotonic()
+        self._last_active_wall = self.created_at
+        self.execution_count = 0
+        self.close_reason: str | None = None
+        self._max_queued = max_queued
+        self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in FIFO order
+        self._waiting = 0
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self.id,
+            owner=self.owner,
+            state=self.state,
+            created_at=self.created_at,
+            last_active=self._last_active_wall,
+            execution_count=self.execution_count,
+            queued_cells=self._waiting,
+        )
+
+    @property
+    def usable(self) -> bool:
+        return self.state in (SessionState.IDLE, SessionState.BUSY) and self.kernel.alive
+
+    async def execute(
+        self, code: str, *, timeout_s: float, on_event: EventCallback | None = None
+    ) -> CellResult:
+        """Queue a cell behind the running one and run it.
+
+        Raises:
+            SessionBusy: max_queued cells are already waiting.
+            KernelDied: the session was closed or its sandbox lost before the cell ran.
+        """
+        if self._lock.locked() and self._waiting >= self._max_queued:
+            raise SessionBusy(
+                f"session {self.id} already has {self._waiting} cells waiting "
+                f"(limit {self._max_queued}); wait for them to finish"
+            )
+        self._waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            if not self.usable:
+                raise KernelDied(self.close_reason or self.kernel.death or "session closed")
+            self.state = SessionState.BUSY
+            started = time.perf_counter()
+            result = await self.kernel.execute(code, timeout_s=timeout_s, on_event=on_event)
+            self.execution_count = result.execution_count or self.execution_count
+            log.info(
+                "cell session=%s status=%s duration_ms=%.2f count=%d",
+                self.id,
+                result.status.value,
+                (time.perf_counter() - started) * 1000,
+                result.execution_count,
+            )
+            return result
+        finally:
+            self.touch()
+            if self.state is SessionState.BUSY:
+                self.state = SessionState.IDLE
+            self._lock.release()
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+        self._last_active_wall = time.time()
+
+    def interrupt(self) -> bool:
+        """Interrupt the running cell, if there is one."""
+        return self.kernel.interrupt()
+
+    async def close(self, reason: str) -> ExitStep:
+        """Tear the session down (idempotent). Queued cells fail with KernelDied."""
+        if self.state is SessionState.CLOSED:
+            return ExitStep.EXITED
+        if self.close_reason is None:
+            self.close_reason = f"session {self.id} was closed ({reason})"
+        self.state = SessionState.CLOSING
+        self.kernel.interrupt()
+        step = await self.kernel.close()
+        self.state = SessionState.CLOSED
+        return step
+
+    @property
+    def dead(self) -> bool:
+        """Its sandbox is gone (killed, crashed) though nobody closed it yet."""
+        return not self.kernel.alive and self.state is not SessionState.CLOSED
