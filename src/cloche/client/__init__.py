@@ -1,0 +1,1 @@
+"""Clients of a cloche server."""

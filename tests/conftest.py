@@ -1,0 +1,46 @@
+"""Shared fixtures: real servers (gVisor backend) run in a background thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloche.client.tcp import TCPClient
+from support import ServerThread, make_config, require_gvisor
+
+
+@pytest.fixture(scope="session")
+def state_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def server(state_root: Path) -> Iterator[ServerThread]:
+    """One gVisor server shared by a test module."""
+    require_gvisor()
+    with ServerThread(make_config(state_root)) as running:
+        yield running
+
+
+@pytest.fixture
+def make_server(state_root: Path) -> Iterator[object]:
+    """Start extra servers with their own settings: make_server(pool_size=0, ...)."""
+    require_gvisor()
+    started: list[ServerThread] = []
+
+    def make(**overrides: object) -> ServerThread:
+        running = ServerThread(make_config(state_root, **overrides)).__enter__()
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        running.stop()
+
+
+@pytest.fixture
+def client(server: ServerThread) -> Iterator[TCPClient]:
+    with server.client() as connection:
+        yield connection

@@ -1,0 +1,89 @@
+"""Helpers for tests: real servers (gVisor backend) run in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cloche.client.tcp import TCPClient
+from cloche.config import Limits, ServerConfig
+from cloche.server.app import Server
+
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME_DIR = REPO / ".runtime" / "site-packages"
+
+
+def gvisor_usable() -> bool:
+    return os.geteuid() == 0 and shutil.which("runsc") is not None
+
+
+def require_gvisor() -> None:
+    """Integration tests prove things only against real runsc: never fall back quietly."""
+    if not gvisor_usable():
+        if os.environ.get("CLOCHE_TEST_ALLOW_NO_GVISOR") == "1":
+            pytest.skip("runsc not usable here (CLOCHE_TEST_ALLOW_NO_GVISOR=1)")
+        pytest.fail("these tests need runsc and root: run ./test.sh, which installs runsc")
+
+
+class ServerThread:
+    """A real cloche Server on its own event loop in a thread, on free ports."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.loop = asyncio.new_event_loop()
+        self.server = Server(config)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        self.call(self.server.start())
+        self.call(self.server.manager.pool.wait_full())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.call(self.server.stop())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(30)
+            self.loop.close()
+
+    def call(self, coro: object, timeout_s: float = 120.0) -> object:
+        future: Future[object] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return future.result(timeout_s)
+
+    @property
+    def tcp_port(self) -> int:
+        assert self.server.tcp.port is not None
+        return self.server.tcp.port
+
+    @property
+    def http_port(self) -> int:
+        assert self.server.http is not None
+        return self.server.http.port
+
+    def client(self) -> TCPClient:
+        return TCPClient("127.0.0.1", self.tcp_port)
+
+
+def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
+    limits = overrides.pop("limits", Limits(cell_timeout_s=20.0, interrupt_grace_s=1.0))
+    config = ServerConfig(
+        tcp_port=0,
+        http_port=0,
+        backend="gvisor",
+        pool_size=2,
+        state_dir=state_dir,
+        runtime_dir=RUNTIME_DIR if RUNTIME_DIR.is_dir() else None,
+        limits=limits,  # type: ignore[arg-type]
+    )
+    return replace(config, **overrides)  # type: ignore[arg-type]
