@@ -87,3 +87,86 @@ def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
         limits=limits,  # type: ignore[arg-type]
     )
     return replace(config, **overrides)  # type: ignore[arg-type]
+
+
+class ServerProcess:
+    """`cloche serve` as a child process, on free ports, with its log collected."""
+
+    def __init__(self, state_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        import re
+        import subprocess
+        import sys
+
+        self.state_dir = state_dir
+        command = [
+            sys.executable,
+            "-m",
+            "cloche.cli",
+            "serve",
+            "--tcp-port",
+            "0",
+            "--http-port",
+            "0",
+            "--state-dir",
+            str(state_dir),
+            "--pool-size",
+            "1",
+            *args,
+        ]
+        self.process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+        )
+        self.log: list[str] = []
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+            state = re.search(r"state (\S+)$", line)
+            if state:
+                self.instance = Path(state[1]).name
+            match = re.search(r"listening tcp=\S+:(\d+) http=\S+:(\d+)", line)
+            if match:
+                self.tcp_port, self.http_port = int(match[1]), int(match[2])
+                break
+        else:
+            raise RuntimeError("server exited before listening:\n" + "".join(self.log))
+        self._drain = threading.Thread(target=self._collect, daemon=True)
+        self._drain.start()
+
+    def _collect(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+
+    def client(self) -> TCPClient:
+        return TCPClient("127.0.0.1", self.tcp_port)
+
+    def stop(self, sig: int = 15, timeout_s: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout_s)
+        self._drain.join(10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        return code
+
+
+def leftovers(state_dir: Path, instance: str) -> dict[str, list[str]]:
+    """Whatever server `instance` left behind: processes, state, mounts, cgroups."""
+    import subprocess
+
+    pattern = str(state_dir / instance)
+    processes = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    with open("/proc/self/mountinfo") as mountinfo:
+        mounts = [line.split()[4] for line in mountinfo if pattern in line.split()[4]]
+    cgroups = [str(path) for path in Path("/sys/fs/cgroup").glob(f"*/cloche/{instance}")]
+    state = [str(p) for p in state_dir.iterdir()] if state_dir.exists() else []
+    state = [p for p in state if instance in p]
+    return {
+        "processes": [line for line in processes.stdout.splitlines() if "pgrep" not in line],
+        "mounts": mounts,
+        "cgroups": cgroups,
+        "state": state,
+    }
+
+
+NOTHING_LEFT = {"processes": [], "mounts": [], "cgroups": [], "state": []}

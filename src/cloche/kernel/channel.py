@@ -23,6 +23,9 @@ from typing import Any
 
 HEADER = struct.Struct(">I")
 
+# A lone surrogate (a str such as '\ud800', which user code can make) can't be UTF-8;
+# it only ever appears inside a JSON string, where backslashreplace writes it as the
+# JSON escape \ud800, so the body stays valid UTF-8 and decodes to the same str.
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
@@ -58,7 +61,7 @@ class Channel:
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one frame, whole, even if a signal interrupts the write."""
-        body = _encoder.encode(message).encode("utf-8", "surrogatepass")
+        body = _encoder.encode(message).encode("utf-8", "backslashreplace")
         frame = memoryview(HEADER.pack(len(body)) + body)
         with self._send_lock:
             while frame:

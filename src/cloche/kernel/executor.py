@@ -92,12 +92,16 @@ def _strip_kernel_frames(exc: traceback.TracebackException) -> None:
 
 def format_error(exc: BaseException) -> dict[str, Any]:
     """{ename, evalue, traceback: [lines]} for an exception, without kernel frames."""
+    # A hostile __str__ or __repr__ must not break the kernel, nor cost the traceback
+    # (TracebackException shows such a message as "<exception str() failed>").
     try:
         summary = traceback.TracebackException.from_exception(exc)
         _strip_kernel_frames(summary)
         lines = "".join(summary.format()).splitlines()
-        evalue = str(exc)
-    except BaseException:  # a hostile __str__ or __repr__ must not break the kernel
+    except BaseException:
         lines = [f"{type(exc).__name__}: <exception could not be formatted>"]
+    try:
+        evalue = str(exc)
+    except BaseException:
         evalue = "<exception could not be formatted>"
     return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}

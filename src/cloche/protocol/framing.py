@@ -18,12 +18,15 @@ from cloche.errors import FrameTooLarge, IncompleteRead, InvalidMessage
 HEADER = struct.Struct(">I")
 MAX_LENGTH = 2**32 - 1
 
+# A lone surrogate (a str such as '\ud800', which user code can make) can't be UTF-8;
+# it only ever appears inside a JSON string, where backslashreplace writes it as the
+# JSON escape \ud800, so the body stays valid UTF-8 and decodes to the same str.
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def encode_frame(message: Mapping[str, Any]) -> bytes:
     """Header and body of one frame, as one bytes object."""
-    body = _encoder.encode(message).encode("utf-8", "surrogatepass")
+    body = _encoder.encode(message).encode("utf-8", "backslashreplace")
     return HEADER.pack(len(body)) + body
 
 

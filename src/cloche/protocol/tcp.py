@@ -43,8 +43,7 @@ def parse_request(message: dict[str, Any]) -> Request:
     if timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
+        or not _positive_finite(timeout)
     ):
         raise InvalidMessage("Invalid request: 'timeout' must be a positive number of seconds")
     token = message.get("token")
@@ -56,6 +55,14 @@ def parse_request(message: dict[str, Any]) -> Request:
         timeout_s=float(timeout) if timeout is not None else None,
         token=token,
     )
+
+
+def _positive_finite(number: int | float) -> bool:
+    # JSON integers are unbounded: one too large for a float is no usable timeout.
+    try:
+        return math.isfinite(number) and number > 0
+    except OverflowError:
+        return False
 
 
 def error_reply(error: str, **extra: Any) -> dict[str, Any]:

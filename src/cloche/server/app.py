@@ -55,8 +55,9 @@ class Server:
         log.info("shutting down")
         if self.http is not None:
             self.http.stop()
+        self.tcp.stop_accepting()
+        await self.manager.stop()  # running cells end (interrupted), and their clients hear it
         await self.tcp.close()
-        await self.manager.stop()
         if self._http_task is not None:
             await asyncio.gather(self._http_task, return_exceptions=True)
         log.info("stopped")

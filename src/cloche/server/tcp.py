@@ -65,10 +65,13 @@ class TCPFrontEnd:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
-    async def close(self) -> None:
-        """Stop accepting, and drop open connections."""
+    def stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
+
+    async def close(self) -> None:
+        """Stop accepting, and drop open connections."""
+        self.stop_accepting()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)

@@ -156,6 +156,17 @@ class KernelClient:
         self._writer.write(encode_frame({"op": "exec", "code": code, "output_limit": limit}))
         try:
             await asyncio.shield(cell.future)
+        except asyncio.CancelledError:
+            # The caller gave up (shutdown, or its client went away). Stop the cell, and
+            # wait for its end (bounded by the interrupt -> grace -> kill ladder), so the
+            # next cell never meets this one's messages.
+            self.interrupt()
+            while not cell.future.done():
+                try:
+                    await asyncio.shield(cell.future)
+                except asyncio.CancelledError:
+                    continue
+            raise
         finally:
             cell.timer.cancel()
             if self._cell is cell:

@@ -203,12 +203,15 @@ class LocalSessionManager(SessionManager):
         self, session_id: str, owner: str | None = None, reason: str = "closed"
     ) -> None:
         session = self._find(session_id, owner)
-        del self._sessions[session_id]
+        self._remove(session, reason)
         await self._close(session, reason)
+
+    def _remove(self, session: Session, reason: str) -> None:
+        del self._sessions[session.id]
+        self.closed_by_reason[reason] += 1
 
     async def _close(self, session: Session, reason: str) -> None:
         step = await session.close(reason)
-        self.closed_by_reason[reason] += 1
         log.info(
             "session end id=%s reason=%s cells=%d exit=%s",
             session.id,
@@ -220,7 +223,7 @@ class LocalSessionManager(SessionManager):
     def _forget(self, session: Session, reason: str) -> None:
         """Drop a session whose sandbox died, freeing it in the background."""
         if self._sessions.get(session.id) is session:
-            del self._sessions[session.id]
+            self._remove(session, reason)
             task = asyncio.create_task(self._close(session, reason))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
@@ -250,7 +253,8 @@ class LocalSessionManager(SessionManager):
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
         sessions = list(self._sessions.values())
-        self._sessions.clear()
+        for session in sessions:
+            self._remove(session, "shutdown")
         await asyncio.gather(
             self.pool.close(),
             *(self._close(s, "shutdown") for s in sessions),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from cloche.errors import KernelDied, SessionBusy
 from cloche.sandbox.base import ExitStep
 from cloche.sessions.kernel import EventCallback, KernelClient
-from cloche.sessions.result import CellResult
+from cloche.sessions.result import CellResult, CellStatus
 
 log = logging.getLogger("cloche.session")
 
@@ -97,6 +97,9 @@ class Session:
             self.state = SessionState.BUSY
             started = time.perf_counter()
             result = await self.kernel.execute(code, timeout_s=timeout_s, on_event=on_event)
+            if self.close_reason is not None:
+                result.status = CellStatus.KILLED
+                result.message = f"{self.close_reason} while the cell ran"
             self.execution_count = result.execution_count or self.execution_count
             log.info(
                 "cell session=%s status=%s duration_ms=%.2f count=%d",
