@@ -113,6 +113,20 @@ SERVE_OPTIONS = (
 )
 
 
+def _env_default(parser: argparse.ArgumentParser, option: _Option) -> Any:
+    """The option's default, or its environment variable checked as the flag would be."""
+    raw = os.environ.get(option.env)
+    if raw in (None, ""):
+        return option.default
+    try:
+        value = option.kind(raw)
+    except ValueError:
+        parser.error(f"{option.env}={raw!r} is not a valid value for {option.flag}")
+    if option.choices is not None and value not in option.choices:
+        parser.error(f"{option.env}={raw!r}: {option.flag} must be one of {option.choices}")
+    return value
+
+
 def _add_serve(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
@@ -122,12 +136,10 @@ def _add_serve(subparsers: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for option in SERVE_OPTIONS:
-        raw = os.environ.get(option.env)
-        default = option.kind(raw) if raw not in (None, "") else option.default
         parser.add_argument(
             option.flag,
             type=option.kind,
-            default=default,
+            default=_env_default(parser, option),
             choices=option.choices,
             help=f"{option.help} [env {option.env}]",
         )
@@ -167,17 +179,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         lifetime_s=args.lifetime,
         cpu_quota=args.cpu_quota,
     )
-    for name in (
-        "cell_timeout_s",
-        "memory_mib",
-        "nproc",
-        "disk_mib",
-        "output_bytes",
-        "idle_timeout_s",
-        "lifetime_s",
+    for name, flag in (
+        ("cell_timeout_s", "--cell-timeout"),
+        ("memory_mib", "--memory-mib"),
+        ("nproc", "--nproc"),
+        ("disk_mib", "--disk-mib"),
+        ("output_bytes", "--output-limit"),
+        ("idle_timeout_s", "--idle-timeout"),
+        ("lifetime_s", "--lifetime"),
     ):
-        if getattr(limits, name) <= 0:
-            raise ConfigError(f"{name} must be positive")
+        if not getattr(limits, name) > 0:  # NaN too
+            raise ConfigError(f"{flag} must be a positive number, not {getattr(limits, name)}")
     return ServerConfig(
         host=args.host,
         tcp_port=args.tcp_port,

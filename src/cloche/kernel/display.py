@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import math
 from typing import Any
 
@@ -53,12 +54,12 @@ def mime_bundle(value: Any, limit_chars: int) -> dict[str, Any]:
             continue
         try:
             data = method()
-        except Exception:  # noqa: S112
-            continue
-        if isinstance(data, tuple):
-            data = data[0]
-        if data is not None:
-            bundle[mime] = _encode(mime, data)
+            if isinstance(data, tuple):
+                data = data[0]
+            if data is not None:
+                bundle[mime] = _encode(mime, data)
+        except Exception:  # noqa: S110  # as above
+            pass
     return bundle
 
 
@@ -67,7 +68,11 @@ def _encode(mime: str, data: Any) -> Any:
         return base64.b64encode(data).decode("ascii")
     if isinstance(data, bytes | bytearray):
         return bytes(data).decode("utf-8", "replace")
-    if mime == "application/json" or isinstance(data, str):
+    if mime == "application/json" or mime.endswith("+json"):
+        # A copy of exactly what the channel will send: data that isn't JSON raises here,
+        # and is left out, instead of failing the kernel's reply after the cell.
+        return json.loads(json.dumps(data))
+    if isinstance(data, str):
         return data
     return str(data)
 
