@@ -6,6 +6,7 @@ Started by the host as (see `cloche.sandbox.base.kernel_command`):
 
 from __future__ import annotations
 
+import _sitebuiltins
 import builtins
 import os
 import signal
@@ -29,6 +30,10 @@ class Kernel:
         self.output_limit = 1 << 20
         signal.signal(signal.SIGINT, self._on_sigint)
         builtins.display = self.display  # type: ignore[attr-defined]
+        # What `site` would add (the kernel runs with -S): exit(), quit(), help().
+        builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+        builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+        builtins.help = _sitebuiltins._Helper()
 
     def _on_sigint(self, signum: int, frame: object) -> None:
         # The host interrupts only a running cell; one that arrives after the cell ended

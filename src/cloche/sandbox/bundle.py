@@ -107,6 +107,9 @@ def oci_config(
                 "MPLBACKEND=Agg",
                 "MPLCONFIGDIR=/tmp/.matplotlib",
                 "PYTHONDONTWRITEBYTECODE=1",
+                # glibc reserves 64 MiB of address space per thread arena: under RLIMIT_AS
+                # that would cap a session at a handful of threads.
+                "MALLOC_ARENA_MAX=2",
             ],
             "cwd": WORKDIR,
             "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": []},

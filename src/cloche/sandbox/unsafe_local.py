@@ -83,6 +83,7 @@ class UnsafeLocalSandbox(Sandbox):
                     "HOME": str(self.workdir),
                     "LANG": "C.UTF-8",
                     "MPLBACKEND": "Agg",
+                    "MALLOC_ARENA_MAX": "2",
                     "TMPDIR": str(self.workdir),
                 },
                 preexec_fn=set_limits,  # noqa: PLW1509

@@ -209,6 +209,7 @@ class KernelClient:
         if self.death is None:
             self.death = why
         self.killing = True
+        self.alive = False  # no new cell goes to a kernel that is being killed
         loop = asyncio.get_running_loop()
         loop.run_in_executor(None, self.sandbox.kill)
         loop.call_later(10.0, self._lost)  # in case the channel never closes

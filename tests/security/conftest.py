@@ -1,0 +1,130 @@
+"""The security suite's server, attacker and witness (see SECURITY.md and the security spec)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from cloche.client.tcp import TCPClient
+from cloche.config import Limits
+from support import CANARY, ServerThread, make_config, require_gvisor
+
+LIMITS = Limits(
+    cell_timeout_s=5.0,
+    interrupt_grace_s=1.0,
+    memory_mib=512,
+    nproc=64,
+    disk_mib=32,
+    output_bytes=100_000,
+)
+
+
+@pytest.fixture(scope="package")
+def secure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """A gVisor server whose own environment holds a canary secret."""
+    require_gvisor()
+    os.environ["CLOCHE_SECURITY_CANARY"] = CANARY
+    try:
+        config = make_config(tmp_path_factory.mktemp("security-state"), limits=LIMITS, pool_size=2)
+        with ServerThread(config) as running:
+            yield running
+    finally:
+        del os.environ["CLOCHE_SECURITY_CANARY"]
+
+
+class Attacker:
+    """A connection and a fresh session for one attack."""
+
+    def __init__(self, server: ServerThread) -> None:
+        self.server = server
+        self.client = server.client()
+        self.session_id = self.client.run("0")["session_id"]
+
+    def run(self, code: str, timeout_s: float | None = None) -> dict[str, object]:
+        return self.client.run(code, self.session_id, timeout_s=timeout_s)
+
+    def value(self, code: str) -> str:
+        """The echoed value of a cell that must succeed."""
+        reply = self.run(code)
+        assert reply["status"] == "ok", reply
+        return str(reply["output"])
+
+
+class Witness:
+    """A bystander session that keeps running cells while an attack happens elsewhere."""
+
+    MAX_LATENCY_S = 2.0  # far above normal (~1 ms); an attack must not stall the server
+
+    def __init__(self, server: ServerThread) -> None:
+        self.client: TCPClient = server.client()
+        self.session_id = self.client.run("w = 0")["session_id"]
+        self.count = 0
+        self.latencies_s: list[float] = []
+        self.errors: list[str] = []
+        self.baseline_s = statistics.median(self._cell() for _ in range(10))
+
+    def _cell(self) -> float:
+        started = time.perf_counter()
+        reply = self.client.run("w += 1; w", self.session_id)
+        elapsed = time.perf_counter() - started
+        self.count += 1
+        if reply.get("output") != f"{self.count}\n":
+            self.errors.append(repr(reply))
+        return elapsed
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        stop = threading.Event()
+        self.latencies_s = []
+
+        def loop() -> None:
+            while not stop.is_set():
+                try:
+                    self.latencies_s.append(self._cell())
+                except Exception as exc:  # collected and asserted below
+                    self.errors.append(repr(exc))
+                    return
+
+        thread = threading.Thread(target=loop)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(60)
+        assert self.errors == [], "the witness session saw wrong answers or failures"
+        assert self.latencies_s, "the witness ran no cell during the attack"
+        assert max(self.latencies_s) < self.MAX_LATENCY_S, (
+            f"witness latency {max(self.latencies_s):.3f} s during the attack"
+        )
+        # The session still answers correctly afterwards.
+        self._cell()
+        assert self.errors == []
+
+
+@pytest.fixture
+def attacker(secure_server: ServerThread) -> Iterator[Attacker]:
+    attack = Attacker(secure_server)
+    yield attack
+    attack.client.close()
+
+
+@pytest.fixture
+def witness(secure_server: ServerThread) -> Iterator[Witness]:
+    bystander = Witness(secure_server)
+    yield bystander
+    bystander.client.close()
+
+
+@pytest.fixture
+def server_source() -> Path:
+    import cloche
+
+    return Path(cloche.__file__).resolve().parent
