@@ -170,3 +170,6 @@ def leftovers(state_dir: Path, instance: str) -> dict[str, list[str]]:
 
 
 NOTHING_LEFT = {"processes": [], "mounts": [], "cgroups": [], "state": []}
+
+
+CANARY = "cloche-canary-5b0e6a1d93"  # set in the server's environment by the security suite
