@@ -78,6 +78,7 @@ def test_memory_bomb_across_processes_kills_only_its_own_sandbox(attacker, witne
         reply = attacker.run(code)
     assert reply["cell_status"] == "killed", reply
     assert reply["session_alive"] is False
+    assert "memory backstop of 672 MiB" in str(reply["error"])
     assert "session is gone" in str(reply["error"])
 
 

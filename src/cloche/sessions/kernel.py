@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import signal
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +73,7 @@ class _ChannelProtocol(asyncio.Protocol):
             self.client._violation(str(exc))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.client._lost()
+        self.client._channel_closed()
 
 
 class KernelClient:
@@ -306,14 +308,40 @@ class KernelClient:
             log.warning("sandbox %s broke the channel protocol: %s", self.id, why)
             self._kill(f"the kernel broke the channel protocol ({why})")
 
+    def _channel_closed(self) -> None:
+        """The kernel's end closed. Unless we caused it, learn why before telling anyone."""
+        self.alive = False
+        if self.death is not None:
+            self._lost()
+            return
+        task = asyncio.ensure_future(self._explain_exit())
+        task.add_done_callback(lambda _: self._lost())
+
+    async def _explain_exit(self) -> None:
+        process = self.sandbox.process
+        code = None
+        if process is not None:
+            try:
+                code = await asyncio.to_thread(process.wait, 2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.death is not None:
+            return
+        if code in (137, -signal.SIGKILL):
+            self.death = (
+                "the sandbox was killed by SIGKILL: by its own code, or by the memory backstop "
+                f"of {self.limits.cgroup_memory_mib} MiB that its processes together must stay "
+                "under (raise it with --memory-mib)"
+            )
+        else:
+            status = f" (exit status {code})" if code is not None else ""
+            self.death = f"the sandbox exited unexpectedly{status}"
+
     def _lost(self) -> None:
         """The channel closed: the sandbox is dead or being killed."""
         self.alive = False
         if self.death is None:
-            code = self.sandbox.poll()
-            self.death = "the sandbox exited unexpectedly" + (
-                f" (exit status {code})" if code is not None else ""
-            )
+            self.death = "the sandbox exited unexpectedly"
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(KernelDied(self.death))
         cell = self._cell

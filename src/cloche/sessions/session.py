@@ -97,7 +97,7 @@ class Session:
             self.state = SessionState.BUSY
             started = time.perf_counter()
             result = await self.kernel.execute(code, timeout_s=timeout_s, on_event=on_event)
-            if self.close_reason is not None:
+            if self.close_reason is not None and result.status is not CellStatus.KILLED:
                 result.status = CellStatus.KILLED
                 result.message = f"{self.close_reason} while the cell ran"
             self.execution_count = result.execution_count or self.execution_count
@@ -137,5 +137,5 @@ class Session:
 
     @property
     def dead(self) -> bool:
-        """Its sandbox is gone (killed, crashed) though nobody closed it yet."""
-        return not self.kernel.alive and self.state is not SessionState.CLOSED
+        """Its sandbox is gone (killed, crashed) while idle, and nobody closed it yet."""
+        return not self.kernel.alive and self.state is SessionState.IDLE
