@@ -72,6 +72,7 @@ EXPECTED_FLAGS = {
     "--interrupt-grace",
     "--memory-mib",
     "--nproc",
+    "--nofile",
     "--disk-mib",
     "--output-limit",
     "--idle-timeout",

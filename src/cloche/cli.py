@@ -84,6 +84,7 @@ SERVE_OPTIONS = (
     ),
     _Option("--memory-mib", int, _limits.memory_mib, "address space of a session, MiB (RLIMIT_AS)"),
     _Option("--nproc", int, _limits.nproc, "processes and threads in a session (RLIMIT_NPROC)"),
+    _Option("--nofile", int, _limits.nofile, "open file descriptors in a session (RLIMIT_NOFILE)"),
     _Option("--disk-mib", int, _limits.disk_mib, "size of the working directory, and of /tmp, MiB"),
     _Option("--output-limit", int, _limits.output_bytes, "stdout+stderr kept per cell, bytes"),
     _Option(
@@ -173,6 +174,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         interrupt_grace_s=args.interrupt_grace,
         memory_mib=args.memory_mib,
         nproc=args.nproc,
+        nofile=args.nofile,
         disk_mib=args.disk_mib,
         output_bytes=args.output_limit,
         idle_timeout_s=args.idle_timeout,
@@ -183,6 +185,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ("cell_timeout_s", "--cell-timeout"),
         ("memory_mib", "--memory-mib"),
         ("nproc", "--nproc"),
+        ("nofile", "--nofile"),
         ("disk_mib", "--disk-mib"),
         ("output_bytes", "--output-limit"),
         ("idle_timeout_s", "--idle-timeout"),

@@ -191,7 +191,8 @@ def test_catastrophic_regex_is_interrupted(attacker, witness):
 
 
 def test_pool_refills_after_sandboxes_are_killed(secure_server: ServerThread, attacker):
-    """After a killed sandbox, new sessions still start (from a refilled pool)."""
+    """Kill its own sandbox to drain the warm pool. Outcome: new sessions still start, from a
+    refilled pool."""
     attacker.run("import os; os.kill(os.getpid(), 9)")
     with secure_server.client() as c:
         assert c.run("'fresh'")["output"] == "'fresh'\n"

@@ -1,0 +1,131 @@
+"""Faults: dead pooled sandboxes, sandboxes that won't start, an unusable runsc, and leaks."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cloche.sandbox.gvisor import GVisorBackend
+from support import ServerThread, make_config, require_gvisor
+
+
+def wait_for(predicate, timeout_s: float = 30.0) -> None:
+    """Poll an observable condition, with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_the_pool_never_serves_a_dead_sandbox(make_server):
+    server = make_server(pool_size=2)
+    pool = server.server.manager.pool
+    victims = list(pool._ready)
+    for kernel in victims:
+        subprocess.run(
+            ["runsc", "--root", str(server.server.backend.runsc.root), "kill", kernel.id, "KILL"],
+            check=True,
+        )
+    wait_for(lambda: not any(k.alive for k in victims))
+    with server.client() as c:
+        reply = c.run("'fresh'")
+        assert reply["output"] == "'fresh'\n"
+    assert all(
+        k.id not in str(server.server.manager._sessions[reply["session_id"]].kernel.id)
+        for k in victims
+    )
+
+
+class BrokenStartBackend(GVisorBackend):
+    """A real gVisor backend whose sandboxes can't start (their interpreter is missing)."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.python = "/nonexistent/python3"
+
+
+def test_a_sandbox_that_fails_to_start_is_retried_then_reported(state_root):
+    require_gvisor()
+    config = make_config(state_root, pool_size=0)
+    running = ServerThread(config)
+    running.server = type(running.server)(config, BrokenStartBackend(config))
+    with running:
+        with running.client() as c:
+            reply = c.run("1")
+        assert reply["status"] == "error"
+        assert "no sandbox could be started after 3 attempts" in reply["error"]
+        assert running.server.manager.pool.start_failures == 3
+        assert running.server.manager.session_count == 0
+        assert not running.server.manager.healthy
+
+
+def test_an_unusable_runsc_fails_fast_with_a_hint(tmp_path):
+    require_gvisor()
+    fake = tmp_path / "bin" / "runsc"
+    fake.parent.mkdir()
+    fake.write_text(  # answers --version, fails everything else
+        "#!/bin/sh\n"
+        "if [ \"$1\" = --version ]; then echo 'runsc version 0.0~20990101.0'; exit 0; fi\n"
+        "exit 1\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    done = subprocess.run(
+        [sys.executable, "-m", "cloche.cli", "serve", "--state-dir", str(tmp_path / "state")],
+        env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "could not start a sandbox" in done.stderr
+    assert "--backend unsafe-local" in done.stderr
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def runsc_processes(root: Path) -> list[str]:
+    done = subprocess.run(["pgrep", "-af", str(root)], capture_output=True, text=True)
+    return [line for line in done.stdout.splitlines() if "pgrep" not in line]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_thousand_create_close_cycles_leak_nothing(make_server):
+    server = make_server(pool_size=4)
+    manager = server.server.manager
+    state = server.server.backend.state.path
+    instance = server.server.backend.state.instance
+
+    def counts() -> dict[str, int]:
+        return {
+            "fds": open_fds(),
+            "sandbox dirs": len(list((state / "sandboxes").iterdir())),
+            "runsc state": len(list((state / "runsc").iterdir())),
+            "processes": len(runsc_processes(state)),
+            "cgroups": len(list(Path("/sys/fs/cgroup/memory").glob(f"cloche/{instance}/*"))),
+            "mounts": sum(str(state) in line for line in open("/proc/self/mounts")),
+            "threads": len(os.listdir("/proc/self/task")),
+        }
+
+    server.call(manager.pool.wait_full())
+    before = counts()
+    for i in range(1000):
+        info = server.call(manager.create())
+        if i % 100 == 0:  # now and then, run a cell too
+            result = server.call(manager.execute(info.id, "1 + 1"))
+            assert result.result_text == "2"
+        server.call(manager.close(info.id))
+    server.call(manager.pool.wait_full())
+    after = counts()
+    assert manager.session_count == 0
+    assert manager.created >= 1000
+    # What's held at rest is the same as before: the pool's sandboxes and nothing else.
+    assert after == before, (before, after)
