@@ -82,6 +82,7 @@ def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
         http_port=0,
         backend="gvisor",
         pool_size=2,
+        data_pool_size=0,
         state_dir=state_dir,
         runtime_dir=RUNTIME_DIR if RUNTIME_DIR.is_dir() else None,
         limits=limits,  # type: ignore[arg-type]

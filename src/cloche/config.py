@@ -47,7 +47,8 @@ class ServerConfig:
     tcp_port: int = 8000
     http_port: int = 8080
     backend: str = "auto"
-    pool_size: int = 2
+    pool_size: int = 2  # ready `lean` sandboxes
+    data_pool_size: int = 1  # ready `data` sandboxes (the data stack imported)
     max_sessions: int = 100
     max_queued_cells: int = 16  # per session, beyond the running one
     max_frame_bytes: int = 16 * MIB

@@ -17,7 +17,10 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
         ├── SessionNotFound         unknown, closed, expired, or someone else's
         ├── SessionBusy             its queue of waiting cells is full
         ├── TooManySessions         the server is at --max-sessions
-        └── Unauthorized            a token is required and was missing or wrong
+        ├── UnknownProfile          no session profile of that name
+        ├── Unauthorized            a token is required and was missing or wrong
+        └── PathRefused             a path in a working directory can't be read or written
+            └── PathNotFound        nothing is there
 """
 
 from __future__ import annotations
@@ -88,5 +91,25 @@ class TooManySessions(SessionError):
     """The server already holds --max-sessions sessions."""
 
 
+class UnknownProfile(SessionError):
+    """No session profile has that name."""
+
+
 class Unauthorized(SessionError):
     """A token is required and was missing or not accepted."""
+
+
+class PathRefused(SessionError):
+    """A path in a session's working directory is refused: unsafe, unusable, or too large."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"path {path!r} refused: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class PathNotFound(PathRefused):
+    """Nothing is at the path (or a directory on the way is missing)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "no such file")

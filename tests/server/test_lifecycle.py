@@ -75,7 +75,7 @@ def test_sigterm_stops_cleanly_and_leaves_nothing(state_dir):
     thread.join(30)
     busy.close()
     assert busy_reply.get("cell_status") == "killed", busy_reply
-    assert "closed (shutdown) while the cell ran" in str(busy_reply.get("error"))
+    assert "was closed (shutdown); the session is gone" in str(busy_reply.get("error"))
     assert any("reason=shutdown" in line and "exit=closed" in line for line in server.log)
     assert leftovers(state_dir, server.instance) == NOTHING_LEFT, "".join(server.log)
 

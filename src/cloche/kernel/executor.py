@@ -35,12 +35,18 @@ class Executor:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.execution_count = 0
 
-    def run(self, source: str, in_cell: Callable[[bool], None]) -> Outcome:
+    def run(self, source: str, in_cell: Callable[[bool], None], *, silent: bool = False) -> Outcome:
         """Run one cell. `in_cell(True)` is called right before user code runs, and
-        `in_cell(False)` right after, so that interrupts land only inside the cell."""
-        self.execution_count += 1
-        filename = f"<cell-{self.execution_count}>"
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        `in_cell(False)` right after, so that interrupts land only inside the cell.
+
+        A silent cell runs in a throwaway namespace and is not counted.
+        """
+        if silent:
+            filename = "<preload>"
+        else:
+            self.execution_count += 1
+            filename = f"<cell-{self.execution_count}>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         try:
             tree = ast.parse(source, filename=filename, mode="exec")
             last: ast.Expression | None = None
@@ -51,7 +57,7 @@ class Executor:
             tail = compile(last, filename, "eval", dont_inherit=True) if last else None
         except BaseException as exc:  # SyntaxError, ValueError (null bytes), RecursionError...
             return Outcome(exception=exc)
-        namespace = self.namespace
+        namespace = {"__name__": "__preload__"} if silent else self.namespace
         try:
             in_cell(True)
             try:
@@ -61,7 +67,7 @@ class Executor:
                 in_cell(False)
         except BaseException as exc:
             return Outcome(exception=exc)
-        if tail is None or value is None:
+        if tail is None or value is None or silent:
             return Outcome()
         namespace["_"] = value
         return Outcome(has_value=True, value=value)

@@ -17,6 +17,7 @@ from .capture import OutputCapture
 from .channel import Channel
 from .display import is_json_native, mime_bundle
 from .executor import Executor, format_error
+from .figures import FigureCapture
 
 
 class Kernel:
@@ -28,6 +29,7 @@ class Kernel:
         self.executor = Executor()
         self.in_cell = False
         self.output_limit = 1 << 20
+        self.figures = FigureCapture(self._send_display)
         signal.signal(signal.SIGINT, self._on_sigint)
         builtins.display = self.display  # type: ignore[attr-defined]
         # What `site` would add (the kernel runs with -S): exit(), quit(), help().
@@ -46,24 +48,38 @@ class Kernel:
 
     def display(self, *objects: Any) -> None:
         """Show objects as rich output of the running cell, as Jupyter's display() does."""
-        self.capture.end_cell()  # keep the order: output printed before the display comes first
         for obj in objects:
-            self.channel.send({"op": "display", "data": mime_bundle(obj, self.output_limit)})
+            self._send_display(mime_bundle(obj, self.output_limit))
+
+    def _send_display(self, bundle: dict[str, Any]) -> None:
+        self.capture.end_cell()  # keep the order: output printed before the display comes first
+        self.channel.send({"op": "display", "data": bundle})
 
     def serve(self) -> None:
         self.channel.send({"op": "ready", "pid": os.getpid()})
         while (message := self.channel.recv()) is not None:
             if message.get("op") == "exec":
                 self.execute(
-                    str(message.get("code", "")), int(message.get("output_limit", 1 << 20))
+                    str(message.get("code", "")),
+                    int(message.get("output_limit", 1 << 20)),
+                    silent=bool(message.get("silent")),
                 )
 
-    def execute(self, code: str, output_limit: int) -> None:
+    def execute(self, code: str, output_limit: int, *, silent: bool = False) -> None:
+        """Run a cell and send what it produced, then its end marker.
+
+        A silent cell (a profile's preloading) runs in a namespace of its own and is not
+        counted; only the modules it imports stay behind.
+        """
         self.output_limit = output_limit
         self.capture.begin_cell(output_limit)
         started = time.perf_counter()
         cpu_started = time.process_time()
-        outcome = self.executor.run(code, self._set_in_cell)
+        outcome = self.executor.run(code, self._set_in_cell, silent=silent)
+        try:
+            self.figures.flush()  # after a preload, this takes over pyplot.show()
+        except BaseException:  # noqa: S110  # rendering is best effort
+            pass
         duration_ms = (time.perf_counter() - started) * 1000
         cpu_ms = (time.process_time() - cpu_started) * 1000
         reply: dict[str, Any] = {

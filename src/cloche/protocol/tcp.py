@@ -25,6 +25,7 @@ class Request:
     session_id: str | None = None  # None: create a new session
     timeout_s: float | None = None
     token: str | None = None
+    profile: str = "lean"  # for a new session: lean, or data (the data stack imported)
 
 
 def parse_request(message: dict[str, Any]) -> Request:
@@ -49,7 +50,11 @@ def parse_request(message: dict[str, Any]) -> Request:
     token = message.get("token")
     if token is not None and not isinstance(token, str):
         raise InvalidMessage("Invalid request: 'token' must be a string")
+    profile = message.get("profile", "lean")
+    if not isinstance(profile, str):
+        raise InvalidMessage("Invalid request: 'profile' must be a string")
     return Request(
+        profile=profile,
         code=code,
         session_id=session_id or None,
         timeout_s=float(timeout) if timeout is not None else None,

@@ -140,7 +140,7 @@ class TCPFrontEnd:
         try:
             if request.session_id is None:
                 session_id, result = await self.manager.create_and_execute(
-                    request.code, owner=owner, timeout_s=request.timeout_s
+                    request.code, owner=owner, timeout_s=request.timeout_s, profile=request.profile
                 )
             else:
                 session_id = request.session_id

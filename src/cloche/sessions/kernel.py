@@ -141,6 +141,7 @@ class KernelClient:
         timeout_s: float,
         output_limit: int | None = None,
         on_event: EventCallback | None = None,
+        silent: bool = False,
     ) -> CellResult:
         """Run one cell. Never raises for what the cell did; KernelDied if it can't run.
 
@@ -155,7 +156,10 @@ class KernelClient:
         loop = asyncio.get_running_loop()
         cell.timer = loop.call_later(timeout_s, self._on_deadline, cell)
         self._cell = cell
-        self._writer.write(encode_frame({"op": "exec", "code": code, "output_limit": limit}))
+        message = {"op": "exec", "code": code, "output_limit": limit}
+        if silent:
+            message["silent"] = True
+        self._writer.write(encode_frame(message))
         try:
             await asyncio.shield(cell.future)
         except asyncio.CancelledError:
@@ -354,17 +358,20 @@ class KernelClient:
         if self._writer is not None:
             self._writer.close()
 
-    async def close(self, grace_s: float = 2.0) -> ExitStep:
-        """End the sandbox (close, then kill if needed) and free everything. Idempotent."""
+    async def close(self, grace_s: float = 2.0, why: str = "the session was closed") -> ExitStep:
+        """End the sandbox (close, then kill if needed) and free everything. Idempotent.
+
+        A cell still running ends as KILLED, its message saying `why`.
+        """
         self.alive = False
         if self.death is None:
-            self.death = "the session was closed"
+            self.death = why
         if self._writer is not None:
             self._writer.close()  # the kernel reads EOF and exits
+        if self._reader is not None:
+            self._reader.close()  # before the sandbox's pipes are closed under it
         if self._exit_step is None:
             self._exit_step = await asyncio.to_thread(self.sandbox.close, grace_s)
-        if self._reader is not None:
-            self._reader.close()
         return self._exit_step
 
 

@@ -19,6 +19,7 @@ from cloche.errors import KernelDied, SessionNotFound, TooManySessions
 from cloche.sandbox.base import Backend
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.pool import WarmPool
+from cloche.sessions.profiles import DATA, LEAN, get_profile
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState
 
@@ -34,10 +35,11 @@ class SessionManager(abc.ABC):
     """Creates, finds, runs, expires and closes sessions."""
 
     @abc.abstractmethod
-    async def create(self, owner: str | None = None) -> SessionInfo:
-        """A new session, from the warm pool when it can.
+    async def create(self, owner: str | None = None, profile: str = "lean") -> SessionInfo:
+        """A new session of a profile (`lean` or `data`), from its warm pool when it can.
 
         Raises:
+            UnknownProfile: no profile of that name.
             TooManySessions: the server is at --max-sessions.
             SandboxStartError: no sandbox could be started.
         """
@@ -76,9 +78,10 @@ class SessionManager(abc.ABC):
         owner: str | None = None,
         timeout_s: float | None = None,
         on_event: EventCallback | None = None,
+        profile: str = "lean",
     ) -> tuple[str, CellResult]:
         """Create a session and run a first cell in it; (session id, result)."""
-        info = await self.create(owner)
+        info = await self.create(owner, profile)
         result = await self.execute(
             info.id, code, owner=owner, timeout_s=timeout_s, on_event=on_event
         )
@@ -115,13 +118,18 @@ class LocalSessionManager(SessionManager):
         self.config = config
         self.backend = backend
         self.limits = config.limits
-        self.pool = WarmPool(
-            backend,
-            config.limits,
-            size=config.pool_size,
-            max_frame_bytes=config.max_frame_bytes,
-            start_concurrency=config.start_concurrency,
-        )
+        self.pools = {
+            profile.name: WarmPool(
+                backend,
+                config.limits,
+                profile,
+                size=size,
+                max_frame_bytes=config.max_frame_bytes,
+                start_concurrency=config.start_concurrency,
+            )
+            for profile, size in ((LEAN, config.pool_size), (DATA, config.data_pool_size))
+        }
+        self.pool = self.pools[LEAN.name]
         self._sessions: dict[str, Session] = {}
         self._creating = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -132,17 +140,19 @@ class LocalSessionManager(SessionManager):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.backend.prepare)
-        self.pool.start()
+        for pool in self.pools.values():
+            pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
 
     @property
     def healthy(self) -> bool:
         return not self._stopped and (self.pool.ready_count > 0 or self.pool.last_start_ok)
 
-    async def create(self, owner: str | None = None) -> SessionInfo:
-        return (await self._create(owner)).info()
+    async def create(self, owner: str | None = None, profile: str = "lean") -> SessionInfo:
+        return (await self._create(owner, profile)).info()
 
-    async def _create(self, owner: str | None) -> Session:
+    async def _create(self, owner: str | None, profile: str = "lean") -> Session:
+        pool = self.pools[get_profile(profile).name]
         if self._stopped:
             raise TooManySessions("the server is shutting down")
         if len(self._sessions) + self._creating >= self.config.max_sessions:
@@ -152,14 +162,20 @@ class LocalSessionManager(SessionManager):
             )
         self._creating += 1
         try:
-            kernel = await self.pool.take()
+            kernel = await pool.take()
         finally:
             self._creating -= 1
-        session = Session(new_session_id(), kernel, owner, self.config.max_queued_cells)
+        session = Session(
+            new_session_id(), kernel, owner, self.config.max_queued_cells, profile=profile
+        )
         self._sessions[session.id] = session
         self.created += 1
         log.info(
-            "session start id=%s sandbox=%s owner=%s", session.id, kernel.id, _owner_tag(owner)
+            "session start id=%s sandbox=%s profile=%s owner=%s",
+            session.id,
+            kernel.id,
+            profile,
+            _owner_tag(owner),
         )
         return session
 
@@ -256,7 +272,7 @@ class LocalSessionManager(SessionManager):
         for session in sessions:
             self._remove(session, "shutdown")
         await asyncio.gather(
-            self.pool.close(),
+            *(pool.close() for pool in self.pools.values()),
             *(self._close(s, "shutdown") for s in sessions),
             *self._closing,
             return_exceptions=True,

@@ -17,19 +17,24 @@ from cloche.config import Limits
 from cloche.errors import SandboxStartError
 from cloche.sandbox.base import Backend
 from cloche.sessions.kernel import KernelClient
+from cloche.sessions.profiles import Profile
+from cloche.sessions.result import CellStatus
 
 log = logging.getLogger("cloche.pool")
 
 START_ATTEMPTS = 3
+PRELOAD_TIMEOUT_S = 180.0
 
 
 class WarmPool:
-    """Keeps `size` started kernels ready; `take()` returns one at once when it can."""
+    """Keeps `size` started kernels of one profile ready; `take()` returns one at once when
+    it can."""
 
     def __init__(
         self,
         backend: Backend,
         limits: Limits,
+        profile: Profile,
         *,
         size: int,
         max_frame_bytes: int,
@@ -37,6 +42,7 @@ class WarmPool:
     ) -> None:
         self.backend = backend
         self.limits = limits
+        self.profile = profile
         self.size = size
         self.max_frame_bytes = max_frame_bytes
         self._ready: deque[KernelClient] = deque()
@@ -93,7 +99,11 @@ class WarmPool:
             started = time.perf_counter()
             try:
                 await kernel.start()
-            except SandboxStartError as exc:
+                await self._preload(kernel)
+            except BaseException as exc:
+                await kernel.close()  # idempotent; also when cancelled mid-preload
+                if not isinstance(exc, SandboxStartError):
+                    raise
                 self.start_failures += 1
                 self.last_start_ok = False
                 error = exc
@@ -104,14 +114,25 @@ class WarmPool:
                 continue
             self.last_start_ok = True
             log.info(
-                "sandbox started id=%s start_ms=%.1f",
+                "sandbox started id=%s profile=%s start_ms=%.1f",
                 kernel.id,
+                self.profile.name,
                 (time.perf_counter() - started) * 1000,
             )
             return kernel
         raise SandboxStartError(
             f"no sandbox could be started after {START_ATTEMPTS} attempts: {error}"
         ) from error
+
+    async def _preload(self, kernel: KernelClient) -> None:
+        if not self.profile.preload:
+            return
+        result = await kernel.execute(
+            self.profile.preload, timeout_s=PRELOAD_TIMEOUT_S, silent=True
+        )
+        if result.status is not CellStatus.OK:
+            detail = result.error["evalue"] if result.error else result.message
+            raise SandboxStartError(f"the {self.profile.name} profile failed to load: {detail}")
 
     async def _refill(self) -> None:
         pending: set[asyncio.Task[None]] = set()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from cloche.errors import KernelDied, SessionBusy
 from cloche.sandbox.base import ExitStep
 from cloche.sessions.kernel import EventCallback, KernelClient
-from cloche.sessions.result import CellResult, CellStatus
+from cloche.sessions.result import CellResult
 
 log = logging.getLogger("cloche.session")
 
@@ -36,15 +36,23 @@ class SessionInfo:
     last_active: float  # unix time, s
     execution_count: int
     queued_cells: int
+    profile: str
 
 
 class Session:
     """A live kernel that keeps its state between cells; cells run one at a time."""
 
     def __init__(
-        self, session_id: str, kernel: KernelClient, owner: str | None, max_queued: int
+        self,
+        session_id: str,
+        kernel: KernelClient,
+        owner: str | None,
+        max_queued: int,
+        *,
+        profile: str = "lean",
     ) -> None:
         self.id = session_id
+        self.profile = profile
         self.kernel = kernel
         self.owner = owner
         self.state = SessionState.IDLE
@@ -66,6 +74,7 @@ class Session:
             last_active=self._last_active_wall,
             execution_count=self.execution_count,
             queued_cells=self._waiting,
+            profile=self.profile,
         )
 
     @property
@@ -97,9 +106,6 @@ class Session:
             self.state = SessionState.BUSY
             started = time.perf_counter()
             result = await self.kernel.execute(code, timeout_s=timeout_s, on_event=on_event)
-            if self.close_reason is not None and result.status is not CellStatus.KILLED:
-                result.status = CellStatus.KILLED
-                result.message = f"{self.close_reason} while the cell ran"
             self.execution_count = result.execution_count or self.execution_count
             log.info(
                 "cell session=%s status=%s duration_ms=%.2f count=%d",
@@ -131,7 +137,7 @@ class Session:
             self.close_reason = f"session {self.id} was closed ({reason})"
         self.state = SessionState.CLOSING
         self.kernel.interrupt()
-        step = await self.kernel.close()
+        step = await self.kernel.close(why=self.close_reason)
         self.state = SessionState.CLOSED
         return step
 
