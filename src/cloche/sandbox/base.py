@@ -55,6 +55,7 @@ class Sandbox(abc.ABC):
     def __init__(self, sandbox_id: str, workdir: Path, limits: Limits) -> None:
         self.id = sandbox_id
         self.workdir = workdir  # host path of the session's working directory
+        self.file_owner: tuple[int, int] | None = None  # (uid, gid) for files we put there
         self.limits = limits
         self.process: subprocess.Popen[bytes] | None = None
         self.exit_step: ExitStep | None = None

@@ -141,6 +141,7 @@ class GVisorSandbox(Sandbox):
         self.home = backend.state.path / "sandboxes" / sandbox_id
         super().__init__(sandbox_id, self.home / "work", limits)
         self.sandbox_pid: int | None = None
+        self.file_owner = (SANDBOX_UID, SANDBOX_GID)
         self._mounted = False
 
     @property

@@ -32,7 +32,7 @@ class Server:
         await self.manager.start()
         try:
             await self.tcp.start()
-            self.http = HTTPFrontEnd(self.manager, self.config.host, self.config.http_port)
+            self.http = HTTPFrontEnd(self.manager, self.config, self.manager.metrics)
             self._http_task = asyncio.create_task(self.http.serve(), name="cloche-http")
         except BaseException:
             await self.stop()
@@ -54,10 +54,12 @@ class Server:
         self._stopped = True
         log.info("shutting down")
         if self.http is not None:
-            self.http.stop()
+            self.http.server.should_exit = True
         self.tcp.stop_accepting()
         await self.manager.stop()  # running cells end (interrupted), and their clients hear it
         await self.tcp.close()
+        if self.http is not None:
+            await self.http.stop()
         if self._http_task is not None:
             await asyncio.gather(self._http_task, return_exceptions=True)
         log.info("stopped")

@@ -17,6 +17,8 @@ from collections import Counter
 from cloche.config import ServerConfig
 from cloche.errors import KernelDied, SessionNotFound, TooManySessions
 from cloche.sandbox.base import Backend
+from cloche.sandbox.files import WorkdirFiles
+from cloche.server.metrics import Metrics
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.profiles import DATA, LEAN, get_profile
@@ -61,10 +63,12 @@ class SessionManager(abc.ABC):
         owner: str | None = None,
         timeout_s: float | None = None,
         on_event: EventCallback | None = None,
+        track_files: bool = False,
     ) -> CellResult:
         """Run a cell in a session (queued behind the running one).
 
-        timeout_s is capped by the server's --cell-timeout.
+        timeout_s is capped by the server's --cell-timeout. With track_files, the result
+        lists the files the cell created or changed in the working directory.
 
         Raises:
             SessionNotFound: unknown id, another owner's, or closed before the cell ran.
@@ -86,6 +90,14 @@ class SessionManager(abc.ABC):
             info.id, code, owner=owner, timeout_s=timeout_s, on_event=on_event
         )
         return info.id, result
+
+    @abc.abstractmethod
+    def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
+        """The session's working directory (blocking methods: call them in a thread).
+
+        Raises:
+            SessionNotFound: unknown id or another owner's session.
+        """
 
     @abc.abstractmethod
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
@@ -130,6 +142,9 @@ class LocalSessionManager(SessionManager):
             for profile, size in ((LEAN, config.pool_size), (DATA, config.data_pool_size))
         }
         self.pool = self.pools[LEAN.name]
+        self.metrics = Metrics()
+        for pool in self.pools.values():
+            pool.on_start = self._sandbox_started
         self._sessions: dict[str, Session] = {}
         self._creating = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -143,6 +158,13 @@ class LocalSessionManager(SessionManager):
         for pool in self.pools.values():
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
+        self.metrics.watch(self)
+
+    def _sandbox_started(self, profile: str, seconds: float, ok: bool) -> None:
+        if ok:
+            self.metrics.sandbox_start.labels(profile).observe(seconds)
+        else:
+            self.metrics.sandbox_start_failures.labels(profile).inc()
 
     @property
     def healthy(self) -> bool:
@@ -170,6 +192,7 @@ class LocalSessionManager(SessionManager):
         )
         self._sessions[session.id] = session
         self.created += 1
+        self.metrics.sessions_created.labels(profile).inc()
         log.info(
             "session start id=%s sandbox=%s profile=%s owner=%s",
             session.id,
@@ -199,21 +222,29 @@ class LocalSessionManager(SessionManager):
         owner: str | None = None,
         timeout_s: float | None = None,
         on_event: EventCallback | None = None,
+        track_files: bool = False,
     ) -> CellResult:
         session = self._find(session_id, owner)
         limit = self.limits.cell_timeout_s
         timeout = min(timeout_s, limit) if timeout_s and timeout_s > 0 else limit
+        started = time.perf_counter()
         try:
-            result = await session.execute(code, timeout_s=timeout, on_event=on_event)
+            result = await session.execute(
+                code, timeout_s=timeout, on_event=on_event, track_files=track_files
+            )
         except KernelDied as exc:
             self._forget(session, "lost")
             raise SessionNotFound(session_id) from exc
+        self.metrics.cell_finished(result, time.perf_counter() - started)
         if result.status is CellStatus.KILLED:
             self._forget(session, "killed")
         return result
 
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         return self._find(session_id, owner).interrupt()
+
+    def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
+        return self._find(session_id, owner).files
 
     async def close(
         self, session_id: str, owner: str | None = None, reason: str = "closed"
@@ -225,6 +256,7 @@ class LocalSessionManager(SessionManager):
     def _remove(self, session: Session, reason: str) -> None:
         del self._sessions[session.id]
         self.closed_by_reason[reason] += 1
+        self.metrics.sessions_closed.labels(reason).inc()
 
     async def _close(self, session: Session, reason: str) -> None:
         step = await session.close(reason)

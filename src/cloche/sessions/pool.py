@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 
 from cloche.config import Limits
 from cloche.errors import SandboxStartError
@@ -56,6 +57,8 @@ class WarmPool:
         self.misses = 0
         self.start_failures = 0
         self.last_start_ok = True  # whether the most recent sandbox start succeeded
+        # Told of every start: (profile, seconds, succeeded).
+        self.on_start: Callable[[str, float, bool], None] = lambda *_: None
 
     @property
     def ready_count(self) -> int:
@@ -106,6 +109,7 @@ class WarmPool:
                     raise
                 self.start_failures += 1
                 self.last_start_ok = False
+                self.on_start(self.profile.name, time.perf_counter() - started, False)
                 error = exc
                 log.warning(
                     "sandbox start failed (attempt %d/%d): %s", attempt, START_ATTEMPTS, exc
@@ -113,6 +117,7 @@ class WarmPool:
                 await asyncio.sleep(0.1 * attempt)
                 continue
             self.last_start_ok = True
+            self.on_start(self.profile.name, time.perf_counter() - started, True)
             log.info(
                 "sandbox started id=%s profile=%s start_ms=%.1f",
                 kernel.id,

@@ -31,6 +31,7 @@ class CellResult:
     duration_ms: float = 0.0
     cpu_ms: float | None = None
     dropped_bytes: int = 0  # output beyond the per-cell limit
+    files: list[str] = field(default_factory=list)  # created or changed (when tracked)
 
     @property
     def session_survived(self) -> bool:

@@ -8,8 +8,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+from cloche.config import MIB
 from cloche.errors import KernelDied, SessionBusy
 from cloche.sandbox.base import ExitStep
+from cloche.sandbox.files import WorkdirFiles, changed
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.result import CellResult
 
@@ -53,6 +55,9 @@ class Session:
     ) -> None:
         self.id = session_id
         self.profile = profile
+        sandbox = kernel.sandbox
+        uid, gid = sandbox.file_owner or (None, None)
+        self.files = WorkdirFiles(sandbox.workdir, uid, gid, sandbox.limits.disk_mib * MIB)
         self.kernel = kernel
         self.owner = owner
         self.state = SessionState.IDLE
@@ -82,7 +87,12 @@ class Session:
         return self.state in (SessionState.IDLE, SessionState.BUSY) and self.kernel.alive
 
     async def execute(
-        self, code: str, *, timeout_s: float, on_event: EventCallback | None = None
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        on_event: EventCallback | None = None,
+        track_files: bool = False,
     ) -> CellResult:
         """Queue a cell behind the running one and run it.
 
@@ -105,7 +115,10 @@ class Session:
                 raise KernelDied(self.close_reason or self.kernel.death or "session closed")
             self.state = SessionState.BUSY
             started = time.perf_counter()
+            before = await asyncio.to_thread(self.files.snapshot) if track_files else None
             result = await self.kernel.execute(code, timeout_s=timeout_s, on_event=on_event)
+            if before is not None and result.session_survived:
+                result.files = changed(before, await asyncio.to_thread(self.files.snapshot))
             self.execution_count = result.execution_count or self.execution_count
             log.info(
                 "cell session=%s status=%s duration_ms=%.2f count=%d",

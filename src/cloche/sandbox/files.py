@@ -1,0 +1,480 @@
+"""The server's hands in a session's working directory, which hostile code writes.
+
+The sandbox can create symlinks, FIFOs and deep trees there, and swap any of them
+in between two of our system calls. So every path is walked one component at a
+time from a file descriptor on the root, opening each directory with
+``O_NOFOLLOW | O_DIRECTORY`` and the final file with ``O_NOFOLLOW``: no symlink is
+followed anywhere, whatever the sandbox does meanwhile. Files are written to a
+fresh temporary name and renamed into place, so an existing inode (perhaps a hard
+link) is never written through, and only inodes we just created are chowned.
+
+Everything here blocks: call it from a thread, never from the event loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, Protocol
+
+from cloche.errors import PathNotFound, PathRefused
+
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_NAME_BYTES = 255  # NAME_MAX
+MAX_WALK_ENTRIES = 10_000  # directory entries looked at by one list() or snapshot()
+MAX_WALK_DEPTH = 32  # directories deeper are not walked (each level holds two fds)
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO swapped in after our lstat must not hang the server.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+_READ_CHUNK_BYTES = 1 << 20
+_TEMP_ATTEMPTS = 8
+
+Snapshot = dict[str, tuple[int, int]]
+"""Relative path -> (size in bytes, mtime in ns) of each regular file."""
+
+_Found = list[tuple[str, os.stat_result]]  # (relative path, lstat) of regular files
+
+
+class _Entries(Protocol):
+    """What os.scandir(fd) returns."""
+
+    def __next__(self) -> os.DirEntry[str]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A regular file in a working directory."""
+
+    path: str  # POSIX, relative to the working directory
+    size_bytes: int
+    modified: float  # unix time, s
+
+
+@dataclass(frozen=True)
+class FileListing:
+    """The regular files of a working directory, sorted by path."""
+
+    files: tuple[FileInfo, ...]
+    truncated: bool  # the walk hit MAX_WALK_ENTRIES or MAX_WALK_DEPTH: there may be more
+
+
+def normalise(relative: str) -> str:
+    """Check a client's relative path and put it in canonical form.
+
+    ``"./a//b/"`` becomes ``"a/b"``. Nothing that could leave the working directory
+    gets through, but the result is only safe to use with this module's confined
+    walk, which also refuses symlinks.
+
+    Args:
+        relative: A POSIX path relative to the working directory.
+
+    Returns:
+        The components joined by single slashes, without ``.`` or empty ones.
+
+    Raises:
+        PathRefused: The path is empty, absolute, has a ``..`` component or a NUL
+            byte, isn't valid UTF-8, or is longer than PATH_MAX (4096 bytes) or has
+            a component longer than NAME_MAX (255 bytes).
+    """
+    if not relative:
+        raise PathRefused(relative, "it is empty")
+    if "\0" in relative:
+        raise PathRefused(relative, "it contains a NUL byte")
+    if relative.startswith("/"):
+        raise PathRefused(relative, "it is absolute; give a path relative to the working directory")
+    try:
+        encoded = relative.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PathRefused(relative, "it is not valid UTF-8") from None
+    if len(encoded) > MAX_PATH_BYTES:
+        raise PathRefused(relative, f"it is longer than {MAX_PATH_BYTES} bytes")
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise PathRefused(relative, "it has a '..' component")
+    if not parts:
+        raise PathRefused(relative, "it names the working directory itself, not a file")
+    for part in parts:
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise PathRefused(relative, f"a component is longer than {MAX_NAME_BYTES} bytes")
+    return "/".join(parts)
+
+
+def changed(before: Snapshot, after: Snapshot) -> list[str]:
+    """Paths created or modified between two snapshots, sorted; deletions are left out.
+
+    Args:
+        before: A snapshot taken first.
+        after: A snapshot taken later.
+
+    Returns:
+        Each path in ``after`` that was missing from ``before`` or has another size
+        or mtime there.
+    """
+    return sorted(path for path, signature in after.items() if before.get(path) != signature)
+
+
+class WorkdirFiles:
+    """Read, write and list files under a root the sandbox controls, never leaving it.
+
+    Args:
+        root: The working directory on the host (trusted: every walk starts there).
+        uid: Owner given to the files and directories we create; None leaves ours.
+        gid: Group given to the files and directories we create; None leaves ours.
+        max_file_bytes: Largest file that read and write accept.
+    """
+
+    def __init__(self, root: Path, uid: int | None, gid: int | None, max_file_bytes: int) -> None:
+        self.root = root
+        self.uid = uid
+        self.gid = gid
+        self.max_file_bytes = max_file_bytes
+
+    def write(self, relative: str, data: bytes) -> None:
+        """Create or replace a file, creating missing parent directories.
+
+        The data goes to a new temporary file in the same directory, which is then
+        renamed over the target: readers see the old or the new content, and an
+        existing target (even a hard link) is replaced, never written through.
+        New files get mode 0o644, new directories 0o755, both owned by uid:gid.
+
+        Args:
+            relative: Path of the file, relative to the working directory.
+            data: The whole new content.
+
+        Raises:
+            PathRefused: The path is refused by `normalise`, a component on the way is
+                a symlink or not a directory, the target is a symlink, a directory or
+                a special file, the data is over max_file_bytes, or the working
+                directory is full.
+        """
+        path = normalise(relative)
+        if len(data) > self.max_file_bytes:
+            raise PathRefused(path, self._too_large(len(data)))
+        *directories, name = path.split("/")
+        parent = self._open_directory(path, directories, create=True)
+        try:
+            existing = _lstat(parent, name)
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                raise PathRefused(path, _describe(existing.st_mode))
+            temp = self._write_temp(parent, path, data)
+            try:
+                # rename replaces whatever the sandbox put there since: it never follows it.
+                os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except OSError as exc:
+                _unlink_quietly(parent, temp)
+                _refuse(path, exc)
+            except BaseException:
+                _unlink_quietly(parent, temp)
+                raise
+        finally:
+            os.close(parent)
+
+    def read(self, relative: str) -> bytes:
+        """The content of a regular file.
+
+        Args:
+            relative: Path of the file, relative to the working directory.
+
+        Returns:
+            All its bytes.
+
+        Raises:
+            PathNotFound: There is no such file, or a directory on the way is missing.
+            PathRefused: The path is refused by `normalise`, a component on the way is
+                a symlink or not a directory, or the file is a symlink, a directory, a
+                FIFO or another special file, or is over max_file_bytes.
+        """
+        path = normalise(relative)
+        *directories, name = path.split("/")
+        parent = self._open_directory(path, directories, create=False)
+        try:
+            found = _lstat(parent, name)
+            if found is None:
+                raise PathNotFound(path)
+            self._check_readable(path, found)
+            try:
+                fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+            except FileNotFoundError:
+                raise PathNotFound(path) from None
+            except OSError as exc:
+                _refuse(path, exc, parent, name)
+        finally:
+            os.close(parent)
+        try:
+            # What we opened is what counts: it may have been swapped since the lstat.
+            self._check_readable(path, os.fstat(fd))
+            return self._read_at_most(fd, path)
+        finally:
+            os.close(fd)
+
+    def snapshot(self, max_entries: int = MAX_WALK_ENTRIES) -> Snapshot:
+        """Size and mtime of every regular file, for `changed`.
+
+        Args:
+            max_entries: Directory entries to look at, at most; files beyond are unseen.
+
+        Returns:
+            Relative path -> (size in bytes, mtime in ns).
+        """
+        found, _ = self._walk(max_entries)
+        return {path: (info.st_size, info.st_mtime_ns) for path, info in found}
+
+    def list(self, max_entries: int = MAX_WALK_ENTRIES) -> FileListing:
+        """Every regular file under the root; symlinks and special files are skipped.
+
+        Symlinked directories are not followed, and names that aren't valid UTF-8
+        (which no client could name back) are left out.
+
+        Args:
+            max_entries: Directory entries to look at, at most.
+
+        Returns:
+            The files sorted by path, and whether the walk stopped early.
+        """
+        found, truncated = self._walk(max_entries)
+        files = tuple(
+            FileInfo(path=path, size_bytes=info.st_size, modified=info.st_mtime)
+            for path, info in found
+        )
+        return FileListing(files=files, truncated=truncated)
+
+    def _open_directory(self, path: str, directories: Sequence[str], *, create: bool) -> int:
+        """An fd on root/directories, walked one component at a time, following no symlink."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in directories:
+                child = self._open_child(fd, name, path, create=create)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_child(self, parent: int, name: str, path: str, *, create: bool) -> int:
+        """An fd on the directory name in parent, made (owned by uid:gid) if missing."""
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise PathNotFound(path) from None
+        except OSError as exc:
+            _refuse(path, exc, parent, name)
+        made = False
+        try:
+            os.mkdir(name, DIR_MODE, dir_fd=parent)
+            made = True
+        except FileExistsError:
+            pass  # the sandbox made something there meanwhile: open it like any other
+        except OSError as exc:
+            _refuse(path, exc)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            _refuse(path, exc, parent, name)
+        if made:
+            # Through the fd: if the sandbox swapped in its own directory, it is still inside.
+            try:
+                self._give_to_sandbox(fd, DIR_MODE)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd
+
+    def _write_temp(self, parent: int, path: str, data: bytes) -> str:
+        """Write data to a new file in parent with an unguessable name; return that name."""
+        for _ in range(_TEMP_ATTEMPTS):
+            temp = f".cloche-{secrets.token_hex(8)}.tmp"
+            try:
+                fd = os.open(temp, _CREATE_FLAGS, 0o600, dir_fd=parent)
+                break
+            except FileExistsError:
+                continue  # the sandbox is squatting names; draw another
+            except OSError as exc:
+                _refuse(path, exc)
+        else:
+            raise PathRefused(path, "no free temporary name in its directory")
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                self._give_to_sandbox(fd, FILE_MODE)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            _unlink_quietly(parent, temp)
+            _refuse(path, exc)
+        except BaseException:
+            _unlink_quietly(parent, temp)
+            raise
+        return temp
+
+    def _give_to_sandbox(self, fd: int, mode: int) -> None:
+        """chown a file or directory we just made to uid:gid, and set its mode."""
+        if self.uid is not None or self.gid is not None:
+            os.fchown(
+                fd,
+                self.uid if self.uid is not None else -1,
+                self.gid if self.gid is not None else -1,
+            )
+        os.fchmod(fd, mode)
+
+    def _check_readable(self, path: str, info: os.stat_result) -> None:
+        """Refuse anything but a regular file of at most max_file_bytes."""
+        if not stat.S_ISREG(info.st_mode):
+            raise PathRefused(path, _describe(info.st_mode))
+        if info.st_size > self.max_file_bytes:
+            raise PathRefused(path, self._too_large(info.st_size))
+
+    def _read_at_most(self, fd: int, path: str) -> bytes:
+        """Read to the end, refusing once past max_file_bytes (the file may be growing)."""
+        data = bytearray()
+        while len(data) <= self.max_file_bytes:
+            chunk = os.read(fd, min(_READ_CHUNK_BYTES, self.max_file_bytes + 1 - len(data)))
+            if not chunk:
+                return bytes(data)
+            data += chunk
+        raise PathRefused(
+            path, f"it grew past the limit of {self.max_file_bytes} bytes while being read"
+        )
+
+    def _too_large(self, size: int) -> str:
+        """Why a file of size bytes is refused."""
+        return f"it is {size} bytes, over the limit of {self.max_file_bytes} bytes"
+
+    def _walk(self, max_entries: int) -> tuple[_Found, bool]:
+        """Regular files under the root with their lstat, sorted, and whether we stopped early.
+
+        Depth first, holding an fd and a scandir iterator per level, so that each
+        directory is read lazily and a huge one costs no more than max_entries.
+        """
+        found: _Found = []
+        truncated = False
+        seen = 0
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        stack: list[tuple[int, str, _Entries]] = []
+        try:
+            stack.append((root, "", os.scandir(root)))
+        except BaseException:
+            os.close(root)
+            raise
+        try:
+            while stack:
+                fd, prefix, entries = stack[-1]
+                entry = next(entries, None)
+                if entry is None:
+                    stack.pop()
+                    entries.close()
+                    os.close(fd)
+                    continue
+                seen += 1
+                if seen > max_entries:
+                    truncated = True
+                    break
+                path = prefix + entry.name
+                if not _addressable(path):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)  # fstatat(fd, name, NOFOLLOW)
+                except FileNotFoundError:
+                    continue  # deleted meanwhile
+                if stat.S_ISREG(info.st_mode):
+                    found.append((path, info))
+                elif stat.S_ISDIR(info.st_mode):
+                    if len(stack) > MAX_WALK_DEPTH:
+                        truncated = True
+                        continue
+                    try:
+                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                    except OSError:
+                        continue  # swapped for a symlink or removed meanwhile: skip it
+                    try:
+                        stack.append((child, path + "/", os.scandir(child)))
+                    except BaseException:
+                        os.close(child)
+                        raise
+        finally:
+            for fd, _, entries in stack:
+                entries.close()
+                os.close(fd)
+        found.sort(key=lambda item: item[0])
+        return found, truncated
+
+
+def _lstat(parent: int, name: str) -> os.stat_result | None:
+    """lstat of name in parent, or None if there is nothing there."""
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _describe(mode: int) -> str:
+    """Why a non-regular file is refused."""
+    if stat.S_ISLNK(mode):
+        return "it is a symlink, which is never followed"
+    if stat.S_ISDIR(mode):
+        return "it is a directory, not a regular file"
+    if stat.S_ISFIFO(mode):
+        return "it is a FIFO, not a regular file"
+    return "it is a socket or device, not a regular file"
+
+
+def _refuse(
+    path: str, exc: OSError, parent: int | None = None, name: str | None = None
+) -> NoReturn:
+    """Raise the PathRefused an OSError from the walk stands for, or the OSError itself."""
+    refusal = _refusal(path, exc, parent, name)
+    if refusal is None:
+        raise exc
+    raise refusal from exc
+
+
+def _refusal(path: str, exc: OSError, parent: int | None, name: str | None) -> PathRefused | None:
+    """The PathRefused an OSError from the walk stands for, if it stands for one."""
+    code = exc.errno
+    if code in (errno.ELOOP, errno.ENOTDIR) and parent is not None and name is not None:
+        # O_NOFOLLOW | O_DIRECTORY on a symlink gives ENOTDIR, O_NOFOLLOW alone ELOOP.
+        found = _lstat(parent, name)
+        if found is not None and stat.S_ISLNK(found.st_mode):
+            return PathRefused(path, f"{name!r} is a symlink, which is never followed")
+        return PathRefused(path, f"{name!r} is not a directory")
+    if code in (errno.ELOOP, errno.ENOTDIR):
+        return PathRefused(path, "a component on the way is a symlink or not a directory")
+    if code == errno.ENOENT:
+        return PathRefused(path, "a directory on the way was removed meanwhile")
+    if code in (errno.EISDIR, errno.ENOTEMPTY):
+        return PathRefused(path, "it is a directory, not a regular file")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return PathRefused(path, "the working directory is full; raise --disk-mib")
+    if code == errno.ENAMETOOLONG:
+        return PathRefused(path, "it is too long")
+    return None
+
+
+def _addressable(path: str) -> bool:
+    """Whether a client could name this path back (valid UTF-8, within PATH_MAX)."""
+    try:
+        return len(path.encode("utf-8")) <= MAX_PATH_BYTES
+    except UnicodeEncodeError:
+        return False
+
+
+def _unlink_quietly(parent: int, name: str) -> None:
+    """Remove our temporary file, if it is still there."""
+    try:
+        os.unlink(name, dir_fd=parent)
+    except OSError:
+        pass  # already gone, or the sandbox moved it: nothing of ours to clean

@@ -1,0 +1,83 @@
+"""The ASGI app and its uvicorn server, embedded in cloche's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from cloche import __version__
+from cloche.config import ServerConfig
+from cloche.server.http import errors, sessions, terrarium
+from cloche.server.http.limits import BodyLimit
+from cloche.server.metrics import CONTENT_TYPE, Metrics
+from cloche.sessions.manager import SessionManager
+
+
+def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) -> FastAPI:
+    """The HTTP API over a session manager."""
+    app = FastAPI(
+        title="cloche",
+        version=__version__,
+        summary="Stateful Python sessions, each in its own gVisor sandbox",
+    )
+    app.state.manager = manager
+    app.state.tokens = config.tokens
+    app.state.limits = config.limits
+    app.state.session_timeouts = {}
+    app.state.background = set()
+    errors.install(app)
+    app.include_router(terrarium.router)
+    app.include_router(sessions.router)
+
+    @app.get("/health", summary="200 while sandboxes can be served, else 503")
+    async def health() -> JSONResponse:
+        if manager.healthy:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_middleware(BodyLimit, max_bytes=config.max_frame_bytes)
+    return app
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our own event loop: signals are the host server's business."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HTTPFrontEnd:
+    """Serves the app on --http-port."""
+
+    def __init__(self, manager: SessionManager, config: ServerConfig, metrics: Metrics) -> None:
+        self.app = create_app(manager, config, metrics)
+        self.sock = socket.create_server((config.host, config.http_port))
+        self.port: int = self.sock.getsockname()[1]
+        uvicorn_config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
+            limit_concurrency=config.max_connections,
+        )
+        self.server = _EmbeddedServer(uvicorn_config)
+
+    async def serve(self) -> None:
+        await self.server.serve(sockets=[self.sock])
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        background: set[asyncio.Task[None]] = self.app.state.background
+        await asyncio.gather(*background, return_exceptions=True)

@@ -1,0 +1,83 @@
+"""Errors as JSON with fitting status codes: never a bare 500 for a client's mistake."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from cloche.errors import (
+    ClocheError,
+    PathNotFound,
+    PathRefused,
+    SandboxError,
+    SessionBusy,
+    SessionNotFound,
+    TooManySessions,
+    Unauthorized,
+    UnknownProfile,
+)
+
+log = logging.getLogger("cloche.http")
+
+# (status, type) for each condition, most specific first.
+_STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
+    (SessionNotFound, 404, "not_found"),
+    (PathNotFound, 404, "not_found"),
+    (PathRefused, 400, "path_refused"),
+    (SessionBusy, 409, "busy"),
+    (TooManySessions, 429, "too_many_sessions"),
+    (Unauthorized, 401, "unauthorized"),
+    (UnknownProfile, 400, "invalid_request"),
+    (SandboxError, 503, "unavailable"),
+)
+
+
+class BodyTooLarge(ClocheError):
+    """The request body is above the limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body above the limit of {limit} bytes (--max-frame-bytes)")
+
+
+def error_response(status: int, kind: str, message: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(
+        {"error": {"type": kind, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def status_of(exc: ClocheError) -> tuple[int, str]:
+    for kind, status, name in _STATUS:
+        if isinstance(exc, kind):
+            return status, name
+    if isinstance(exc, BodyTooLarge):
+        return 413, "too_large"
+    return 500, "internal"
+
+
+def install(app: FastAPI) -> None:
+    """Answer every failure as {"error": {"type", "message"}}."""
+
+    @app.exception_handler(ClocheError)
+    async def cloche_error(request: Request, exc: ClocheError) -> JSONResponse:
+        status, kind = status_of(exc)
+        if status == 500:
+            log.error("request failed: %s", exc)
+        return error_response(status, kind, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+            for e in exc.errors()
+        )
+        return error_response(400, "invalid_request", problems or "invalid request")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, kind, str(exc.detail))

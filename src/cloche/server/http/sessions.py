@@ -1,0 +1,287 @@
+"""The sessions API (`/v1/sessions`): create, run cells (whole or streamed), files, close."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from cloche.config import Limits
+from cloche.errors import ClocheError, PathRefused
+from cloche.server.http.auth import owner_of
+from cloche.server.http.models import (
+    ErrorBody,
+    ExecuteRequest,
+    ExecuteResponse,
+    FileList,
+    InterruptResponse,
+    SessionCreate,
+    SessionList,
+    SessionOut,
+)
+from cloche.server.http.results import execute_body
+from cloche.sessions.manager import SessionManager
+from cloche.sessions.result import CellResult
+from cloche.sessions.session import SessionInfo
+
+log = logging.getLogger("cloche.http")
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 429, 503)
+}
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERRORS)
+
+
+def _manager(request: Request) -> SessionManager:
+    manager: SessionManager = request.app.state.manager
+    return manager
+
+
+def _iso(unix_s: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.UTC).isoformat()
+
+
+def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[str, Any]:
+    expires = min(info.created_at + limits.lifetime_s, info.last_active + limits.idle_timeout_s)
+    return {
+        "id": info.id,
+        "profile": info.profile,
+        "state": info.state.value,
+        "created_at": _iso(info.created_at),
+        "expires_at": _iso(expires),
+        "execution_count": info.execution_count,
+        "limits": {
+            "cell_timeout_s": timeout_s,
+            "memory_mib": limits.memory_mib,
+            "disk_mib": limits.disk_mib,
+            "output_bytes": limits.output_bytes,
+            "nproc": limits.nproc,
+            "idle_timeout_s": limits.idle_timeout_s,
+            "lifetime_s": limits.lifetime_s,
+        },
+    }
+
+
+def _describe(request: Request, info: SessionInfo) -> dict[str, Any]:
+    limits: Limits = request.app.state.limits
+    timeouts: dict[str, float] = request.app.state.session_timeouts
+    return _session_out(info, limits, timeouts.get(info.id, limits.cell_timeout_s))
+
+
+@router.post("", status_code=201, response_model=SessionOut, summary="Create a session")
+async def create_session(
+    request: Request, body: SessionCreate | None = None, owner: str | None = Depends(owner_of)
+) -> dict[str, Any]:
+    body = body or SessionCreate()
+    manager = _manager(request)
+    limits: Limits = request.app.state.limits
+    inputs = []
+    for item in body.files:
+        try:
+            inputs.append((item.filename, base64.b64decode(item.b64_data, validate=True)))
+        except (binascii.Error, ValueError):
+            raise PathRefused(item.filename, "b64_data is not valid base64") from None
+    info = await manager.create(owner, profile=body.profile)
+    try:
+        files = manager.files(info.id, owner)
+        for name, data in inputs:
+            await asyncio.to_thread(files.write, name, data)
+        if body.env:
+            setup = f"import os\nos.environ.update({json.dumps(body.env)})"
+            result = await manager.execute(info.id, setup, owner=owner)
+            if result.status.value != "ok":
+                raise PathRefused("env", f"could not set the environment: {result.message}")
+    except BaseException:
+        await manager.close(info.id, owner, reason="failed-setup")
+        raise
+    if body.timeout is not None:
+        request.app.state.session_timeouts[info.id] = min(body.timeout, limits.cell_timeout_s)
+    return _describe(request, manager.get(info.id, owner))
+
+
+@router.get("", response_model=SessionList, summary="The caller's sessions")
+async def list_sessions(request: Request, owner: str | None = Depends(owner_of)) -> dict[str, Any]:
+    return {"sessions": [_describe(request, i) for i in _manager(request).list(owner)]}
+
+
+@router.get("/{session_id}", response_model=SessionOut, summary="One session")
+async def get_session(
+    session_id: str, request: Request, owner: str | None = Depends(owner_of)
+) -> dict[str, Any]:
+    return _describe(request, _manager(request).get(session_id, owner))
+
+
+@router.delete("/{session_id}", status_code=204, summary="Close a session")
+async def delete_session(
+    session_id: str, request: Request, owner: str | None = Depends(owner_of)
+) -> Response:
+    await _manager(request).close(session_id, owner, reason="deleted")
+    request.app.state.session_timeouts.pop(session_id, None)
+    return Response(status_code=204)
+
+
+def _wants_stream(request: Request, stream: bool) -> bool:
+    return stream or "text/event-stream" in request.headers.get("accept", "")
+
+
+@router.post(
+    "/{session_id}/execute",
+    response_model=ExecuteResponse,
+    summary="Run a cell (add ?stream=true or Accept: text/event-stream for SSE)",
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def execute(
+    session_id: str,
+    body: ExecuteRequest,
+    request: Request,
+    stream: bool = Query(False, description="Answer as Server-Sent Events"),
+    owner: str | None = Depends(owner_of),
+) -> Any:
+    manager = _manager(request)
+    manager.get(session_id, owner)  # 404 now, not inside a stream
+    timeouts: dict[str, float] = request.app.state.session_timeouts
+    timeout = body.timeout or timeouts.get(session_id)
+    if _wants_stream(request, stream):
+        return _stream(request, manager, session_id, body.code, timeout, owner)
+    result = await manager.execute(
+        session_id, body.code, owner=owner, timeout_s=timeout, track_files=True
+    )
+    return execute_body(result)
+
+
+router.add_api_route(
+    "/{session_id}/completions",
+    execute,
+    methods=["POST"],
+    response_model=ExecuteResponse,
+    summary="Run a cell (an alias of execute)",
+)
+
+
+def _sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _stream(
+    request: Request,
+    manager: SessionManager,
+    session_id: str,
+    code: str,
+    timeout_s: float | None,
+    owner: str | None,
+) -> StreamingResponse:
+    """Events as output happens; a client that goes away interrupts the cell."""
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def on_event(event: dict[str, Any]) -> None:
+        kind = event.pop("type")
+        events.put_nowait((kind, event.get("data") if kind == "display" else event))
+
+    async def run() -> None:
+        try:
+            result = await manager.execute(
+                session_id,
+                code,
+                owner=owner,
+                timeout_s=timeout_s,
+                on_event=on_event,
+                track_files=True,
+            )
+        except ClocheError as exc:
+            events.put_nowait(
+                ("error", {"ename": type(exc).__name__, "evalue": str(exc), "traceback": []})
+            )
+            events.put_nowait(("done", None))
+            return
+        events.put_nowait(("__result__", result))
+
+    task = asyncio.create_task(run())
+    background: set[asyncio.Task[None]] = request.app.state.background
+    background.add(task)
+    task.add_done_callback(background.discard)
+
+    async def body() -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            while True:
+                kind, data = await events.get()
+                if kind == "__result__":
+                    result: CellResult = data
+                    full = execute_body(result)
+                    if full["result"] is not None:
+                        yield _sse("result", full["result"])
+                    if full["error"] is not None:
+                        yield _sse("error", full["error"])
+                    finished = True
+                    yield _sse("done", full)
+                    return
+                if kind == "done":
+                    finished = True
+                    return
+                yield _sse(kind, data)
+        finally:
+            if not finished and not task.done():
+                log.info("stream of session %s dropped: interrupting its cell", session_id)
+                try:
+                    await manager.interrupt(session_id, owner)
+                except ClocheError:
+                    pass
+
+    return StreamingResponse(
+        body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post(
+    "/{session_id}/interrupt", response_model=InterruptResponse, summary="Interrupt the cell"
+)
+async def interrupt(
+    session_id: str, request: Request, owner: str | None = Depends(owner_of)
+) -> dict[str, bool]:
+    return {"interrupted": await _manager(request).interrupt(session_id, owner)}
+
+
+@router.get("/{session_id}/files", response_model=FileList, summary="List the working directory")
+async def list_files(
+    session_id: str, request: Request, owner: str | None = Depends(owner_of)
+) -> dict[str, Any]:
+    listing = await asyncio.to_thread(_manager(request).files(session_id, owner).list)
+    return {
+        "files": [
+            {"path": f.path, "size_bytes": f.size_bytes, "modified": f.modified}
+            for f in listing.files
+        ],
+        "truncated": listing.truncated,
+    }
+
+
+@router.get(
+    "/{session_id}/files/{path:path}",
+    summary="Download a file",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+async def download(
+    session_id: str, path: str, request: Request, owner: str | None = Depends(owner_of)
+) -> Response:
+    data = await asyncio.to_thread(_manager(request).files(session_id, owner).read, path)
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.put("/{session_id}/files/{path:path}", status_code=204, summary="Upload a file (raw body)")
+async def upload(
+    session_id: str, path: str, request: Request, owner: str | None = Depends(owner_of)
+) -> Response:
+    files = _manager(request).files(session_id, owner)
+    data = await request.body()
+    await asyncio.to_thread(files.write, path, data)
+    return Response(status_code=204)

@@ -1,0 +1,139 @@
+"""Prometheus metrics: sessions, cells, sandbox starts, limit breaches, rejected requests.
+
+Each server has its own registry (several servers may live in one process, as in tests).
+Counters and histograms are fed by the session manager and the front ends; gauges are read
+from the manager when scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from cloche.sessions.manager import LocalSessionManager
+    from cloche.sessions.result import CellResult
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_CELL_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
+_START_BUCKETS_S = (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
+
+
+class Metrics:
+    """The metrics of one server."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.sessions_created = Counter(
+            "cloche_sessions_created", "Sessions created", ["profile"], registry=self.registry
+        )
+        self.sessions_closed = Counter(
+            "cloche_sessions_closed",
+            "Sessions closed, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.cells = Counter(
+            "cloche_cells", "Cells run, by how they ended", ["status"], registry=self.registry
+        )
+        self.cell_duration = Histogram(
+            "cloche_cell_duration_seconds",
+            "Wall time of cells as the server saw it",
+            ["status"],
+            buckets=_CELL_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.sandbox_start = Histogram(
+            "cloche_sandbox_start_seconds",
+            "Time to start a sandbox and load its profile",
+            ["profile"],
+            buckets=_START_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.sandbox_start_failures = Counter(
+            "cloche_sandbox_start_failures",
+            "Sandbox starts that failed",
+            ["profile"],
+            registry=self.registry,
+        )
+        self.limit_breaches = Counter(
+            "cloche_limit_breaches",
+            "Limits hit by cells, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "cloche_rejected_requests",
+            "Requests refused, by front end and reason",
+            ["frontend", "reason"],
+            registry=self.registry,
+        )
+
+    def watch(self, manager: LocalSessionManager) -> None:
+        """Report the manager's live state (sessions, pools) at each scrape."""
+        self.registry.register(_ManagerCollector(manager))
+
+    def cell_finished(self, result: CellResult, seconds: float) -> None:
+        status = result.status.value
+        self.cells.labels(status).inc()
+        self.cell_duration.labels(status).observe(seconds)
+        for kind in breaches(result):
+            self.limit_breaches.labels(kind).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def breaches(result: CellResult) -> list[str]:
+    """The limits a cell hit: timeout, memory, output, killed."""
+    kinds = []
+    if result.status.value == "timeout":
+        kinds.append("timeout")
+    if result.error is not None and result.error.get("ename") == "MemoryError":
+        kinds.append("memory")
+    if result.dropped_bytes:
+        kinds.append("output")
+    if result.status.value == "killed":
+        kinds.append("killed")
+    return kinds
+
+
+class _ManagerCollector(Collector):
+    def __init__(self, manager: LocalSessionManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        active = GaugeMetricFamily("cloche_sessions_active", "Sessions alive now")
+        active.add_metric([], self.manager.session_count)
+        yield active
+        pooled = GaugeMetricFamily(
+            "cloche_sessions_pooled",
+            "Started sandboxes waiting in the warm pool",
+            labels=["profile"],
+        )
+        for name, pool in self.manager.pools.items():
+            pooled.add_metric([name], pool.ready_count)
+        yield pooled
