@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from cloche.kernel.display import is_json_native, mime_bundle, truncate
+from cloche.kernel.display import as_json, is_json_native, mime_bundle, truncate
 
 LIMIT = 1000
 PNG = b"\x89PNG\r\n\x1a\n\x00\xff"
@@ -298,3 +298,18 @@ def test_is_json_native_does_reject_too_many_items():
     assert is_json_native(list(range(9_999))) is True
     assert is_json_native(list(range(10_000))) is False
     assert is_json_native({str(i): i for i in range(10_000)}) is False
+
+
+def test_as_json_does_turn_numpy_scalars_into_numbers(monkeypatch):
+    from support import RUNTIME_DIR  # numpy lives in the sandbox runtime, not the server's venv
+
+    monkeypatch.syspath_prepend(str(RUNTIME_DIR))
+    import numpy
+
+    assert as_json(numpy.int64(4)) == (True, 4)
+    assert as_json(numpy.float32(0.5)) == (True, 0.5)
+    assert as_json(numpy.bool_(True)) == (True, True)
+    assert as_json(numpy.float64("nan")) == (False, None)
+    assert as_json(numpy.array([1, 2])) == (False, None)  # arrays stay reprs
+    assert as_json({"a": 1}) == (True, {"a": 1})
+    assert as_json({1, 2}) == (False, None)

@@ -77,6 +77,20 @@ def _encode(mime: str, data: Any) -> Any:
     return str(data)
 
 
+def as_json(value: Any) -> tuple[bool, Any]:
+    """(True, the value as JSON) for JSON-native values and numpy scalars, else (False, None).
+
+    A numpy scalar (what `df.a.sum()` gives) counts as the number it holds.
+    """
+    kind = type(value)
+    if kind.__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        try:
+            value = value.item()
+        except Exception:
+            return False, None
+    return (True, value) if is_json_native(value) else (False, None)
+
+
 def is_json_native(value: Any) -> bool:
     """True for numbers, strings, bools and lists/dicts of those (small enough to send)."""
     budget = [_JSON_MAX_ITEMS]

@@ -15,7 +15,7 @@ from typing import Any
 
 from .capture import OutputCapture
 from .channel import Channel
-from .display import is_json_native, mime_bundle
+from .display import as_json, mime_bundle
 from .executor import Executor, format_error
 from .figures import FigureCapture
 
@@ -106,8 +106,9 @@ class Kernel:
 
     def _result(self, value: Any) -> dict[str, Any]:
         result: dict[str, Any] = {"data": mime_bundle(value, self.output_limit)}
-        if is_json_native(value):
-            result["json"] = value
+        native, json_value = as_json(value)
+        if native:
+            result["json"] = json_value
         return result
 
 

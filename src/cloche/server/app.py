@@ -22,7 +22,7 @@ class Server:
         self.config = config
         self.backend = backend or create_backend(config)
         self.manager = LocalSessionManager(config, self.backend)
-        self.tcp = TCPFrontEnd(self.manager, config)
+        self.tcp = TCPFrontEnd(self.manager, config, self.manager.metrics)
         self.http: HTTPFrontEnd | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._stopped = False

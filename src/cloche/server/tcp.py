@@ -17,6 +17,7 @@ from cloche.errors import (
 )
 from cloche.protocol.framing import decode_body, encode_frame, read_body
 from cloche.protocol.tcp import GREETING, Request, error_reply, parse_request
+from cloche.server.metrics import Metrics
 from cloche.sessions.manager import SessionManager
 from cloche.sessions.result import CellResult, CellStatus
 
@@ -51,9 +52,12 @@ def render_reply(session_id: str, result: CellResult) -> dict[str, Any]:
 class TCPFrontEnd:
     """Serves the REPL protocol; any connection may use any session of its token."""
 
-    def __init__(self, manager: SessionManager, config: ServerConfig) -> None:
+    def __init__(
+        self, manager: SessionManager, config: ServerConfig, metrics: Metrics | None = None
+    ) -> None:
         self.manager = manager
         self.config = config
+        self.metrics = metrics or Metrics()
         self.port: int | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -85,6 +89,7 @@ class TCPFrontEnd:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             if len(self._connections) > self.config.max_connections:
+                self._rejected("max_connections")
                 await self._send(
                     writer,
                     error_reply(
@@ -114,6 +119,7 @@ class TCPFrontEnd:
             async with asyncio.timeout(self.config.connection_idle_timeout_s):
                 body = await read_body(reader, self.config.max_frame_bytes)
         except FrameTooLarge as exc:
+            self._rejected("too_large")
             await self._send(
                 writer,
                 error_reply(
@@ -127,6 +133,7 @@ class TCPFrontEnd:
         try:
             request = parse_request(decode_body(body))
         except InvalidMessage as exc:
+            self._rejected("invalid")
             await self._send(writer, error_reply(str(exc)))
             return True
         await self._send(writer, await self._run(request))
@@ -135,6 +142,7 @@ class TCPFrontEnd:
     async def _run(self, request: Request) -> dict[str, Any]:
         tokens = self.config.tokens
         if tokens and request.token not in tokens:
+            self._rejected("unauthorized")
             return error_reply("Unauthorized: this server needs a valid 'token' in each request")
         owner = request.token if tokens else None
         try:
@@ -148,11 +156,16 @@ class TCPFrontEnd:
                     session_id, request.code, owner=owner, timeout_s=request.timeout_s
                 )
         except SessionNotFound as exc:
+            self._rejected("not_found")
             return error_reply(f"Session {exc.session_id} not found")
         except ClocheError as exc:
+            self._rejected(type(exc).__name__)
             extra = {"session_id": request.session_id} if request.session_id else {}
             return error_reply(str(exc), **extra)
         return render_reply(session_id, result)
+
+    def _rejected(self, reason: str) -> None:
+        self.metrics.rejected.labels("tcp", reason).inc()
 
     async def _send(self, writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
         writer.write(encode_frame(message))

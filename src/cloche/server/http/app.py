@@ -27,6 +27,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
         summary="Stateful Python sessions, each in its own gVisor sandbox",
     )
     app.state.manager = manager
+    app.state.metrics = metrics
     app.state.tokens = config.tokens
     app.state.limits = config.limits
     app.state.session_timeouts = {}

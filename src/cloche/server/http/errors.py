@@ -62,15 +62,22 @@ def status_of(exc: ClocheError) -> tuple[int, str]:
 def install(app: FastAPI) -> None:
     """Answer every failure as {"error": {"type", "message"}}."""
 
+    def rejected(request: Request, reason: str) -> None:
+        metrics = getattr(request.app.state, "metrics", None)
+        if metrics is not None:
+            metrics.rejected.labels("http", reason).inc()
+
     @app.exception_handler(ClocheError)
     async def cloche_error(request: Request, exc: ClocheError) -> JSONResponse:
         status, kind = status_of(exc)
+        rejected(request, kind)
         if status == 500:
             log.error("request failed: %s", exc)
         return error_response(status, kind, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        rejected(request, "invalid_request")
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
             for e in exc.errors()
