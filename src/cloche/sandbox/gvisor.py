@@ -69,6 +69,9 @@ class GVisorBackend(Backend):
             )
         self.runsc = Runsc.find(self.config.state_dir / "runsc")
         super().prepare()
+        # Empty cgroups of servers that died with their state elsewhere (rmdir can only
+        # remove empty ones: live sandboxes keep theirs).
+        cgroups.remove("cloche")
         self.runsc.root = self.state.path / "runsc"
         self.runsc.root.mkdir(mode=0o700)
         (self.state.path / "sandboxes").mkdir()
