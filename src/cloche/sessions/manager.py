@@ -64,11 +64,13 @@ class SessionManager(abc.ABC):
         timeout_s: float | None = None,
         on_event: EventCallback | None = None,
         track_files: bool = False,
+        silent: bool = False,
     ) -> CellResult:
         """Run a cell in a session (queued behind the running one).
 
         timeout_s is capped by the server's --cell-timeout. With track_files, the result
-        lists the files the cell created or changed in the working directory.
+        lists the files the cell created or changed in the working directory. A silent
+        cell (the server's own setup) runs in a namespace of its own and is not counted.
 
         Raises:
             SessionNotFound: unknown id, another owner's, or closed before the cell ran.
@@ -223,6 +225,7 @@ class LocalSessionManager(SessionManager):
         timeout_s: float | None = None,
         on_event: EventCallback | None = None,
         track_files: bool = False,
+        silent: bool = False,
     ) -> CellResult:
         session = self._find(session_id, owner)
         limit = self.limits.cell_timeout_s
@@ -230,7 +233,11 @@ class LocalSessionManager(SessionManager):
         started = time.perf_counter()
         try:
             result = await session.execute(
-                code, timeout_s=timeout, on_event=on_event, track_files=track_files
+                code,
+                timeout_s=timeout,
+                on_event=on_event,
+                track_files=track_files,
+                silent=silent,
             )
         except KernelDied as exc:
             self._forget(session, "lost")

@@ -93,6 +93,7 @@ class Session:
         timeout_s: float,
         on_event: EventCallback | None = None,
         track_files: bool = False,
+        silent: bool = False,
     ) -> CellResult:
         """Queue a cell behind the running one and run it.
 
@@ -116,7 +117,9 @@ class Session:
             self.state = SessionState.BUSY
             started = time.perf_counter()
             before = await asyncio.to_thread(self.files.snapshot) if track_files else None
-            result = await self.kernel.execute(code, timeout_s=timeout_s, on_event=on_event)
+            result = await self.kernel.execute(
+                code, timeout_s=timeout_s, on_event=on_event, silent=silent
+            )
             if before is not None and result.session_survived:
                 result.files = changed(before, await asyncio.to_thread(self.files.snapshot))
             self.execution_count = result.execution_count or self.execution_count

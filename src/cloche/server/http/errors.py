@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,11 +45,25 @@ class BodyTooLarge(ClocheError):
         super().__init__(f"request body above the limit of {limit} bytes (--max-frame-bytes)")
 
 
-def error_response(status: int, kind: str, message: str) -> JSONResponse:
+TERRARIUM_PATH = "/"
+
+
+class JSONLineResponse(JSONResponse):
+    """JSON followed by a newline: Terrarium's client reads up to the first one."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def error_response(status: int, kind: str, message: str, path: str | None = None) -> JSONResponse:
+    """The error as JSON; on Terrarium's endpoint in its shape, ending in a newline."""
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(
-        {"error": {"type": kind, "message": message}}, status_code=status, headers=headers
-    )
+    error = {"type": kind, "message": message}
+    if path == TERRARIUM_PATH:
+        return JSONLineResponse(
+            {"success": False, "error": error}, status_code=status, headers=headers
+        )
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
 
 
 def status_of(exc: ClocheError) -> tuple[int, str]:
@@ -73,7 +89,7 @@ def install(app: FastAPI) -> None:
         rejected(request, kind)
         if status == 500:
             log.error("request failed: %s", exc)
-        return error_response(status, kind, str(exc))
+        return error_response(status, kind, str(exc), request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -82,9 +98,11 @@ def install(app: FastAPI) -> None:
             f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
             for e in exc.errors()
         )
-        return error_response(400, "invalid_request", problems or "invalid request")
+        return error_response(
+            400, "invalid_request", problems or "invalid request", request.url.path
+        )
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, kind, str(exc.detail))
+        return error_response(exc.status_code, kind, str(exc.detail), request.url.path)

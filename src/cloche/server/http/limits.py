@@ -31,18 +31,32 @@ class BodyLimit:
                         str(BodyTooLarge(self.max_bytes))
                         if declared > 0
                         else "invalid Content-Length",
+                        scope.get("path"),
                     )
                     await response(scope, receive, send)
                     return
         received = 0
+        too_large = False
 
         async def bounded() -> Message:
-            nonlocal received
+            nonlocal received, too_large
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    too_large = True
                     raise BodyTooLarge(self.max_bytes)
             return message
 
-        await self.app(scope, bounded, send)
+        async def answer(message: Message) -> None:
+            # Whoever caught BodyTooLarge (FastAPI turns it into a 400 "error parsing the
+            # body" when it reads a JSON body), the client is told 413.
+            if not too_large:
+                await send(message)
+            elif message["type"] == "http.response.start":
+                exc = BodyTooLarge(self.max_bytes)
+                await error_response(413, "too_large", str(exc), scope.get("path"))(
+                    scope, receive, send
+                )
+
+        await self.app(scope, bounded, answer)

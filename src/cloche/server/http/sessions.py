@@ -16,6 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from cloche.config import Limits
 from cloche.errors import ClocheError, PathRefused
+from cloche.sandbox.files import normalise
 from cloche.server.http.auth import owner_of
 from cloche.server.http.models import (
     ErrorBody,
@@ -84,6 +85,7 @@ async def create_session(
     limits: Limits = request.app.state.limits
     inputs = []
     for item in body.files:
+        normalise(item.filename)  # refuse a bad path before taking a sandbox
         try:
             inputs.append((item.filename, base64.b64decode(item.b64_data, validate=True)))
         except (binascii.Error, ValueError):
@@ -95,9 +97,11 @@ async def create_session(
             await asyncio.to_thread(files.write, name, data)
         if body.env:
             setup = f"import os\nos.environ.update({json.dumps(body.env)})"
-            result = await manager.execute(info.id, setup, owner=owner)
+            # Silent: nothing left in the user's namespace, and the first cell is still 1.
+            result = await manager.execute(info.id, setup, owner=owner, silent=True)
             if result.status.value != "ok":
-                raise PathRefused("env", f"could not set the environment: {result.message}")
+                why = result.error["evalue"] if result.error else result.message
+                raise PathRefused("env", f"could not set the environment: {why}")
     except BaseException:
         await manager.close(info.id, owner, reason="failed-setup")
         raise
@@ -149,7 +153,7 @@ async def execute(
     timeouts: dict[str, float] = request.app.state.session_timeouts
     timeout = body.timeout or timeouts.get(session_id)
     if _wants_stream(request, stream):
-        return _stream(request, manager, session_id, body.code, timeout, owner)
+        return await _stream(request, manager, session_id, body.code, timeout, owner)
     result = await manager.execute(
         session_id, body.code, owner=owner, timeout_s=timeout, track_files=True
     )
@@ -169,7 +173,7 @@ def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-def _stream(
+async def _stream(
     request: Request,
     manager: SessionManager,
     session_id: str,
@@ -177,10 +181,18 @@ def _stream(
     timeout_s: float | None,
     owner: str | None,
 ) -> StreamingResponse:
-    """Events as output happens; a client that goes away interrupts the cell."""
+    """Events as output happens; a client that goes away interrupts the cell.
+
+    Raises:
+        SessionBusy: the session's queue is full (answered 409, not as a stream).
+    """
     events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    refused: list[ClocheError] = []
+    running = False  # an event came: the session's running cell is this one
 
     def on_event(event: dict[str, Any]) -> None:
+        nonlocal running
+        running = True
         kind = event.pop("type")
         events.put_nowait((kind, event.get("data") if kind == "display" else event))
 
@@ -195,6 +207,7 @@ def _stream(
                 track_files=True,
             )
         except ClocheError as exc:
+            refused.append(exc)
             events.put_nowait(
                 ("error", {"ename": type(exc).__name__, "evalue": str(exc), "traceback": []})
             )
@@ -206,6 +219,11 @@ def _stream(
     background: set[asyncio.Task[None]] = request.app.state.background
     background.add(task)
     task.add_done_callback(background.discard)
+    # One step of the task queues the cell or refuses it (a full queue raises SessionBusy
+    # before execute's first await): a refusal gets its status code, not a 200 stream.
+    await asyncio.sleep(0)
+    if refused:
+        raise refused[0]
 
     async def body() -> AsyncIterator[bytes]:
         finished = False
@@ -228,11 +246,17 @@ def _stream(
                 yield _sse(kind, data)
         finally:
             if not finished and not task.done():
-                log.info("stream of session %s dropped: interrupting its cell", session_id)
-                try:
-                    await manager.interrupt(session_id, owner)
-                except ClocheError:
-                    pass
+                log.info("stream of session %s dropped: stopping its cell", session_id)
+                if running:
+                    try:
+                        await manager.interrupt(session_id, owner)
+                    except ClocheError:
+                        pass
+                else:
+                    # The cell may still wait behind another request's, which an interrupt
+                    # would hit: cancelling takes it out of the queue, or, if it started
+                    # meanwhile, interrupts it (and only it).
+                    task.cancel()
 
     return StreamingResponse(
         body(),

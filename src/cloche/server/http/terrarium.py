@@ -9,16 +9,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from cloche.errors import ClocheError, PathRefused
-from cloche.sandbox.files import WorkdirFiles
+from cloche.sandbox.files import WorkdirFiles, normalise
 from cloche.server.http.auth import owner_of
+from cloche.server.http.errors import JSONLineResponse
 from cloche.server.http.models import TerrariumRequest, TerrariumResponse
 from cloche.server.http.results import error_message, error_type
 from cloche.sessions.manager import SessionManager
@@ -26,13 +26,6 @@ from cloche.sessions.result import CellResult, CellStatus
 
 log = logging.getLogger("cloche.http")
 router = APIRouter()
-
-
-class JSONLineResponse(JSONResponse):
-    """JSON followed by a newline: Terrarium's client reads up to the first one."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def failure(kind: str, message: str, status_code: int = 200, **extra: Any) -> JSONLineResponse:
@@ -57,6 +50,10 @@ async def run_once(
         return failure("parsing", "no code provided")
     inputs: list[tuple[str, bytes]] = []
     for item in body.files:
+        try:
+            normalise(item.filename)  # refuse a bad path before taking a sandbox
+        except PathRefused as exc:
+            return failure("parsing", str(exc), 400)
         try:
             inputs.append((item.filename, base64.b64decode(item.b64_data, validate=True)))
         except (binascii.Error, ValueError):
