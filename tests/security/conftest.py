@@ -114,6 +114,10 @@ def attacker(secure_server: ServerThread) -> Iterator[Attacker]:
     attack = Attacker(secure_server)
     yield attack
     attack.client.close()
+    # Each attack gets a fresh session: free it, so idle sandboxes don't pile up.
+    manager = secure_server.server.manager
+    if attack.session_id in {info.id for info in manager.list()}:
+        secure_server.call(manager.close(attack.session_id))
 
 
 @pytest.fixture
@@ -121,6 +125,7 @@ def witness(secure_server: ServerThread) -> Iterator[Witness]:
     bystander = Witness(secure_server)
     yield bystander
     bystander.client.close()
+    secure_server.call(secure_server.server.manager.close(bystander.session_id))
 
 
 @pytest.fixture
