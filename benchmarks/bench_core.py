@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import re
@@ -47,8 +46,7 @@ from typing import IO, Any, TypeVar
 from cloche.client.tcp import TCPClient
 from cloche.config import Limits, ServerConfig
 from cloche.protocol.framing import encode_frame
-from cloche.sandbox import cgroups, mounts
-from cloche.sandbox.bundle import SANDBOX_GID, SANDBOX_UID, oci_config
+from cloche.sandbox import mounts
 from cloche.sandbox.gvisor import GVisorBackend, GVisorSandbox
 from cloche.server.app import Server
 
@@ -177,40 +175,13 @@ def _is_number(text: str) -> bool:
 class CommandSandbox(GVisorSandbox):
     """A cloche gVisor sandbox whose process is `command` instead of the kernel.
 
-    `_launch` is GVisorSandbox._launch with only the process args changed: same rootfs,
-    mounts, working-directory tmpfs, limits, cgroup and runsc flags. Everything else
-    (close, kill, cleanup) is GVisorSandbox's own.
+    Everything else (rootfs, mounts, working-directory tmpfs, limits, cgroup, runsc flags,
+    close, kill, cleanup) is GVisorSandbox's own.
     """
 
     def __init__(self, backend: GVisorBackend, command: list[str], limits: Limits) -> None:
         super().__init__(backend, backend.new_id(), limits)
         self.command = command
-
-    def _launch(self) -> None:
-        backend = self.backend
-        self.workdir.mkdir(parents=True)
-        mounts.mount_tmpfs(self.workdir, self.limits.disk_mib, SANDBOX_UID, SANDBOX_GID)
-        self._mounted = True
-        bundle = self.home / "bundle"
-        bundle.mkdir()
-        config = oci_config(
-            rootfs=backend.rootfs,
-            args=self.command,
-            workdir=self.workdir,
-            mounts=backend.mounts,
-            limits=self.limits,
-            cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),
-        )
-        (bundle / "config.json").write_text(json.dumps(config))
-        with open(self.home / "runsc.log", "wb") as stderr:
-            self.process = subprocess.Popen(
-                self.runsc.run_args(bundle, self.id),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                start_new_session=True,
-                bufsize=0,
-            )
 
 
 class Echo:

@@ -145,6 +145,10 @@ class GVisorSandbox(Sandbox):
         super().__init__(sandbox_id, self.home / "work", limits)
         self.sandbox_pid: int | None = None
         self.file_owner = (SANDBOX_UID, SANDBOX_GID)
+        # The sandbox's process: the kernel (a benchmark may run something else).
+        self.command = kernel_command(
+            backend.python, str(Path(KERNEL_MOUNT).parent.parent), backend.sys_path
+        )
         self._mounted = False
 
     @property
@@ -168,9 +172,7 @@ class GVisorSandbox(Sandbox):
         bundle.mkdir()
         config = oci_config(
             rootfs=backend.rootfs,
-            args=kernel_command(
-                backend.python, str(Path(KERNEL_MOUNT).parent.parent), backend.sys_path
-            ),
+            args=self.command,
             workdir=self.workdir,
             mounts=backend.mounts,
             limits=self.limits,
