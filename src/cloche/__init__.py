@@ -1,7 +1,70 @@
-"""cloche: a fast, stateful, gVisor-isolated Python sandbox for LLM agents."""
+"""cloche: a fast, stateful, gVisor-isolated Python sandbox for LLM agents.
 
-from cloche.errors import ClocheError
+The client SDK, for a server started with `cloche serve`:
+
+    import cloche
+
+    with cloche.Client("http://127.0.0.1:8080") as client:
+        with client.create_session() as session:
+            session.run("import math")
+            print(session.run("math.pi").text)
+
+    cloche.run("print('one cell, in a fresh session')")
+
+`AsyncClient` and `AsyncSession` are the same API for asyncio. Errors in the user's code are
+data (`Execution.error`); failures of the server or the connection raise exceptions of the
+tree drawn in `cloche.errors`, all subclasses of `ClocheError`.
+"""
 
 __version__ = "0.1.0"
 
-__all__ = ["ClocheError", "__version__"]
+from cloche.client.aio import AsyncClient, AsyncSession, FileInfo, SessionInfo  # noqa: E402
+from cloche.client.execution import Execution, ExecutionError, Logs, Result  # noqa: E402
+from cloche.client.sync import Client, Session, run  # noqa: E402
+from cloche.client.tool import tool_schema  # noqa: E402
+from cloche.errors import (  # noqa: E402
+    ClientError,
+    ClocheError,
+    InvalidRequest,
+    PathNotFound,
+    PathRefused,
+    RequestTimeout,
+    RequestTooLarge,
+    SandboxError,
+    ServerUnreachable,
+    SessionBusy,
+    SessionNotFound,
+    TooManySessions,
+    Unauthorized,
+    UnexpectedResponse,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncSession",
+    "Client",
+    "ClientError",
+    "ClocheError",
+    "Execution",
+    "ExecutionError",
+    "FileInfo",
+    "InvalidRequest",
+    "Logs",
+    "PathNotFound",
+    "PathRefused",
+    "RequestTimeout",
+    "RequestTooLarge",
+    "Result",
+    "SandboxError",
+    "ServerUnreachable",
+    "Session",
+    "SessionBusy",
+    "SessionInfo",
+    "SessionNotFound",
+    "TooManySessions",
+    "Unauthorized",
+    "UnexpectedResponse",
+    "__version__",
+    "run",
+    "tool_schema",
+]

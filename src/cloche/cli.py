@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cloche.commands import add_commands
 from cloche.config import Limits, ServerConfig, default_state_dir
 from cloche.errors import ConfigError
 
@@ -240,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cloche", description=__doc__)
     subparsers = parser.add_subparsers(title="commands", required=True)
     _add_serve(subparsers)
+    add_commands(subparsers)  # run, repl, sessions, tool-schema, mcp: clients of a server
     return parser
 
 

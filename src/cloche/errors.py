@@ -13,14 +13,25 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     ├── SandboxError                a sandbox could not be started or was lost
     │   ├── SandboxStartError       it failed to start (after retries)
     │   └── KernelDied              it exited or broke the channel while in use
-    └── SessionError                a request about sessions can't be served
-        ├── SessionNotFound         unknown, closed, expired, or someone else's
-        ├── SessionBusy             its queue of waiting cells is full
-        ├── TooManySessions         the server is at --max-sessions
-        ├── UnknownProfile          no session profile of that name
-        ├── Unauthorized            a token is required and was missing or wrong
-        └── PathRefused             a path in a working directory can't be read or written
-            └── PathNotFound        nothing is there
+    ├── SessionError                a request about sessions can't be served
+    │   ├── SessionNotFound         unknown, closed, expired, or someone else's
+    │   ├── SessionBusy             its queue of waiting cells is full
+    │   ├── TooManySessions         the server is at --max-sessions
+    │   ├── UnknownProfile          no session profile of that name
+    │   ├── Unauthorized            a token is required and was missing or wrong
+    │   └── PathRefused             a path in a working directory can't be read or written
+    │       └── PathNotFound        nothing is there
+    └── ClientError                 the client SDK got no usable answer from a server
+        ├── ServerUnreachable       nothing answers at the URL (--url, CLOCHE_URL)
+        ├── RequestTimeout          no answer in time (timeout_s, --request-timeout)
+        ├── InvalidRequest          the server refused a request as malformed (400)
+        ├── RequestTooLarge         a body above the server's --max-frame-bytes (413)
+        └── UnexpectedResponse      an answer that is not the cloche API (wrong URL, a proxy)
+
+The client SDK (`cloche.Client`, `cloche.AsyncClient`) raises the same classes as the
+server for the same conditions: a 404 about a session is `SessionNotFound`, a 401 is
+`Unauthorized`, a 429 is `TooManySessions`, a 503 is `SandboxError`. What only a client
+can meet is under `ClientError`.
 """
 
 from __future__ import annotations
@@ -113,3 +124,31 @@ class PathNotFound(PathRefused):
 
     def __init__(self, path: str) -> None:
         super().__init__(path, "no such file")
+
+
+class ClientError(ClocheError):
+    """The client SDK got no usable answer from a server."""
+
+
+class ServerUnreachable(ClientError):
+    """Nothing answers at the server's URL (refused, unresolvable, or reset)."""
+
+
+class RequestTimeout(ClientError):
+    """The server did not answer in time."""
+
+
+class InvalidRequest(ClientError):
+    """The server refused a request as malformed (HTTP 400)."""
+
+
+class RequestTooLarge(ClientError):
+    """A request body is above the server's --max-frame-bytes (HTTP 413)."""
+
+
+class UnexpectedResponse(ClientError):
+    """An answer that is not the cloche API's: a wrong URL, a proxy, a server fault."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code

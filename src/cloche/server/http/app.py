@@ -15,6 +15,7 @@ from cloche import __version__
 from cloche.config import ServerConfig
 from cloche.server.http import errors, sessions, terrarium
 from cloche.server.http.limits import BodyLimit
+from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics
 from cloche.sessions.manager import SessionManager
 
@@ -46,6 +47,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    mcp_http.mount(app, config)  # MCP's streamable HTTP transport at /mcp
     app.add_middleware(BodyLimit, max_bytes=config.max_frame_bytes)
     return app
 
@@ -69,7 +71,7 @@ class HTTPFrontEnd:
             self.app,
             log_level="warning",
             access_log=False,
-            lifespan="off",
+            lifespan="on",  # runs MCP's session manager
             timeout_keep_alive=30,
             limit_concurrency=config.max_connections,
         )
@@ -80,5 +82,6 @@ class HTTPFrontEnd:
 
     async def stop(self) -> None:
         self.server.should_exit = True
+        self.app.state.mcp.stop()  # its open streams end, so connections can drain
         background: set[asyncio.Task[None]] = self.app.state.background
         await asyncio.gather(*background, return_exceptions=True)

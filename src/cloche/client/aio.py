@@ -1,0 +1,525 @@
+"""The client of cloche's HTTP API, written once, async (the sync facade in `sync.py` wraps it).
+
+Example:
+    async with cloche.AsyncClient("http://127.0.0.1:8080") as client:
+        async with await client.create_session() as session:
+            await session.run("x = 41")
+            execution = await session.run("x + 1", on_stdout=print)
+            print(execution.text)  # 42
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import datetime
+import inspect
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from cloche.client import _sse
+from cloche.client.execution import Execution, Result, execution_from_json
+from cloche.errors import (
+    ClocheError,
+    InvalidRequest,
+    KernelDied,
+    PathNotFound,
+    PathRefused,
+    RequestTimeout,
+    RequestTooLarge,
+    SandboxError,
+    ServerUnreachable,
+    SessionBusy,
+    SessionNotFound,
+    TooManySessions,
+    Unauthorized,
+    UnexpectedResponse,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+# How long past a cell's own time limit to wait for its answer: the server's interrupt
+# grace, a kill, and the trip back.
+ANSWER_MARGIN_S = 30.0
+
+OutputCallback = Callable[[str], Any]  # called with each chunk of stdout or stderr
+DisplayCallback = Callable[[Result], Any]  # called with each display()ed bundle or figure
+FileData = bytes | str  # str is written as UTF-8
+
+
+def default_url() -> str:
+    """CLOCHE_URL, else http://127.0.0.1:8080."""
+    return os.environ.get("CLOCHE_URL") or DEFAULT_URL
+
+
+def default_token() -> str | None:
+    """CLOCHE_TOKEN (its first entry, when it lists several as `cloche serve` accepts)."""
+    tokens = [t.strip() for t in os.environ.get("CLOCHE_TOKEN", "").split(",") if t.strip()]
+    return tokens[0] if tokens else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    """What the server says about a session."""
+
+    id: str
+    profile: str
+    state: str  # starting, idle, busy, closing, closed
+    created_at: datetime.datetime
+    expires_at: datetime.datetime  # when it will be closed if left idle
+    execution_count: int
+    limits: dict[str, float]  # cell_timeout_s, memory_mib, disk_mib, ...
+
+    @property
+    def cell_timeout_s(self) -> float:
+        return float(self.limits.get("cell_timeout_s", 30.0))
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> SessionInfo:
+        return cls(
+            id=str(body["id"]),
+            profile=str(body.get("profile", "lean")),
+            state=str(body.get("state", "")),
+            created_at=datetime.datetime.fromisoformat(body["created_at"]),
+            expires_at=datetime.datetime.fromisoformat(body["expires_at"]),
+            execution_count=int(body.get("execution_count", 0)),
+            limits=dict(body.get("limits") or {}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """A file in a session's working directory."""
+
+    path: str
+    size_bytes: int
+    modified: float  # Unix time, s
+
+
+def _file_url(path: str) -> str:
+    """A working-directory path as URL segments; `.` and `..` escaped so that they reach
+    the server (which refuses them) instead of being resolved on the way."""
+    segments = [quote(part, safe="") for part in path.split("/")]
+    return "/".join(part.replace(".", "%2E") if part in (".", "..") else part for part in segments)
+
+
+def _encode(data: FileData) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+async def _call(callback: Callable[[Any], Any] | None, value: Any) -> None:
+    if callback is not None:
+        outcome = callback(value)
+        if inspect.isawaitable(outcome):
+            await outcome
+
+
+def _with_message(exc: ClocheError, message: str) -> ClocheError:
+    """The server already worded the message: keep it, whatever the class's own wording."""
+    exc.args = (message,)
+    return exc
+
+
+class AsyncClient:
+    """A connection to a cloche server's HTTP API.
+
+    Args:
+        url: the server's HTTP address; default CLOCHE_URL, else http://127.0.0.1:8080.
+        token: the bearer token, when the server has --token; default CLOCHE_TOKEN.
+        timeout_s: how long to wait for an answer to anything but a cell (a cell gets
+            its own time limit plus a margin).
+        transport: an httpx transport to use instead of the network (e.g. ASGITransport).
+
+    Raises (from every method):
+        ServerUnreachable: nothing answers at `url`.
+        Unauthorized: the server needs a token and `token` is missing or wrong.
+        RequestTimeout: no answer within `timeout_s`.
+        UnexpectedResponse: `url` is not a cloche server's HTTP port.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float = 60.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = (url or default_url()).rstrip("/")
+        self.token = token if token is not None else default_token()
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    async def create_session(
+        self,
+        profile: str = "lean",
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the server's limit for cells)
+        env: Mapping[str, str] | None = None,
+        files: Mapping[str, FileData] | None = None,
+    ) -> AsyncSession:
+        """A new session.
+
+        Args:
+            profile: `lean` (nothing preloaded) or `data` (numpy, pandas, matplotlib, scipy
+                and sympy imported).
+            timeout: default time limit of its cells, s (at most the server's --cell-timeout).
+            env: environment variables to set in it.
+            files: files to put in its working directory first, by path.
+
+        Raises:
+            TooManySessions: the server holds --max-sessions sessions already.
+            SandboxError: the server could not start a sandbox.
+            InvalidRequest: an unknown profile or a bad value.
+        """
+        body: dict[str, Any] = {"profile": profile}
+        if timeout is not None:
+            body["timeout"] = timeout
+        if env:
+            body["env"] = dict(env)
+        if files:
+            body["files"] = [
+                {"filename": name, "b64_data": base64.b64encode(_encode(data)).decode()}
+                for name, data in files.items()
+            ]
+        response = await self._request("POST", "/v1/sessions", json=body)
+        return AsyncSession(self, SessionInfo.from_json(response.json()))
+
+    async def session(self, session_id: str) -> AsyncSession:
+        """An existing session, by id.
+
+        Raises:
+            SessionNotFound: unknown, closed, expired, or another token's.
+        """
+        return AsyncSession(self, await self.get_session(session_id))
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        """What the server says about a session now. Raises SessionNotFound."""
+        response = await self._request(
+            "GET", f"/v1/sessions/{quote(session_id, safe='')}", session_id=session_id
+        )
+        return SessionInfo.from_json(response.json())
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """The sessions of this client's token (every session, on a server without tokens)."""
+        response = await self._request("GET", "/v1/sessions")
+        return [SessionInfo.from_json(item) for item in response.json()["sessions"]]
+
+    async def close_session(self, session_id: str) -> None:
+        """Close a session. Raises SessionNotFound."""
+        await self._request(
+            "DELETE", f"/v1/sessions/{quote(session_id, safe='')}", session_id=session_id
+        )
+
+    async def run(
+        self,
+        code: str,
+        *,
+        files: Mapping[str, FileData] | None = None,
+        profile: str = "lean",
+        timeout: float | None = None,  # noqa: ASYNC109 (the server's limit for cells)
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_display: DisplayCallback | None = None,
+    ) -> Execution:
+        """Run code once in a fresh session, closed afterwards.
+
+        The files the code created or changed come back in `Execution.output_files`.
+        Arguments are those of `create_session` and `AsyncSession.run`.
+        """
+        session = await self.create_session(profile, files=files)
+        try:
+            execution = await session.run(
+                code,
+                timeout=timeout,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                on_display=on_display,
+            )
+            outputs = {}
+            if execution.session_alive:
+                for name in execution.files:
+                    outputs[name] = await session.download(name)
+            return dataclasses.replace(execution, output_files=outputs)
+        finally:
+            await session.close()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- the wire ---------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        session_id: str | None = None,
+        file_path: str | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """One request; a refusal or a failure raised as the tree's exception."""
+        async with self._translated():
+            response = await self._http.request(method, path, **kwargs)
+        if response.is_success:
+            return response
+        raise self._error(response, session_id=session_id, file_path=file_path)
+
+    @contextlib.asynccontextmanager
+    async def _translated(self, timeout_s: float | None = None) -> AsyncIterator[None]:
+        """httpx's transport errors as the tree's ClientErrors."""
+        try:
+            yield
+        except httpx.TimeoutException as exc:
+            if timeout_s is None:
+                advice = (
+                    f"within {self.timeout_s:g} s; wait longer with timeout_s= "
+                    "(--request-timeout or CLOCHE_REQUEST_TIMEOUT on the command line)"
+                )
+            else:
+                advice = (
+                    f"within the cell's time limit plus {ANSWER_MARGIN_S:g} s ({timeout_s:g} s); "
+                    "the server may be overloaded, or its sandbox stuck"
+                )
+            raise RequestTimeout(
+                f"no answer from the cloche server at {self.url} {advice} ({type(exc).__name__})"
+            ) from exc
+        except httpx.ConnectError as exc:
+            raise ServerUnreachable(
+                f"can't reach a cloche server at {self.url} ({exc}); start one with "
+                "`cloche serve`, or point the client at it with url= (--url on the command "
+                "line, or CLOCHE_URL)"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(
+                f"the connection to the cloche server at {self.url} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _error(
+        self,
+        response: httpx.Response,
+        *,
+        session_id: str | None = None,
+        file_path: str | None = None,
+    ) -> ClocheError:
+        """The exception for an error answer, worded by the server where it can be."""
+        status = response.status_code
+        try:
+            detail = response.json()["error"]
+            kind, message = str(detail["type"]), str(detail["message"])
+        except (ValueError, KeyError, TypeError):
+            return UnexpectedResponse(
+                f"{response.request.method} {response.request.url} answered HTTP {status} "
+                "with something that is not the cloche API; is the URL (url=, --url, "
+                "CLOCHE_URL) the server's HTTP port?",
+                status,
+            )
+        if status == 401:
+            if self.token:
+                advice = "the token was refused: check token= (--token, CLOCHE_TOKEN)"
+            else:
+                advice = "this server needs a token: pass token= (--token, or CLOCHE_TOKEN)"
+            return Unauthorized(f"{advice} [{self.url}: {message}]")
+        if status == 404 and kind == "not_found":
+            if session_id is not None and message.startswith("Session "):
+                return SessionNotFound(session_id)
+            if file_path is not None:
+                return _with_message(PathNotFound(file_path), message)
+        if status == 400 and kind == "path_refused":
+            return _with_message(PathRefused(file_path or "", message), message)
+        table: dict[int, type[ClocheError]] = {
+            400: InvalidRequest,
+            409: SessionBusy,
+            413: RequestTooLarge,
+            429: TooManySessions,
+            503: SandboxError,
+        }
+        if status in table:
+            return table[status](message)
+        return UnexpectedResponse(f"HTTP {status} from {self.url} ({kind}): {message}", status)
+
+
+class AsyncSession:
+    """A live Python interpreter in its own sandbox on the server.
+
+    Variables, imports and files persist from one `run` to the next. Closing it (or
+    leaving `async with`) ends it; it also ends by itself after the server's
+    --idle-timeout.
+    """
+
+    def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+        self.closed = False
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/sessions/{quote(self.id, safe='')}"
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the server's limit for cells)
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_display: DisplayCallback | None = None,
+    ) -> Execution:
+        """Run a cell; its outcome, including any exception the code raised.
+
+        Output is streamed as it happens: the callbacks (plain functions or coroutine
+        functions) are called in order, while the cell runs. Cancelling the call stops
+        the cell (the server interrupts a cell whose client went away).
+
+        Args:
+            code: Python source; the value of a last expression is the result.
+            timeout: time limit of this cell, s (at most the server's --cell-timeout);
+                past it the cell is interrupted and `status` is `timeout`.
+            on_stdout: called with each chunk written to stdout.
+            on_stderr: called with each chunk written to stderr.
+            on_display: called with each `display()`ed object or matplotlib figure.
+
+        Returns:
+            The Execution: results, logs, error, status, duration_ms, ...
+
+        Raises:
+            SessionNotFound: the session was closed or expired.
+            SessionBusy: too many cells already wait in this session.
+            RequestTimeout: no answer within the cell's time limit plus a margin.
+        """
+        body: dict[str, Any] = {"code": code}
+        if timeout is not None:
+            body["timeout"] = timeout
+        wait_s = (timeout or self.info.cell_timeout_s) + ANSWER_MARGIN_S
+        refusal: dict[str, Any] | None = None
+        async with (
+            self.client._translated(wait_s),
+            self.client._http.stream(
+                "POST",
+                f"{self._path}/execute",
+                json=body,
+                headers={"Accept": "text/event-stream"},
+                timeout=httpx.Timeout(self.client.timeout_s, read=wait_s),
+            ) as response,
+        ):
+            if not response.is_success:
+                await response.aread()
+                raise self.client._error(response, session_id=self.id)
+            async for event, data in _sse.events(response.aiter_lines()):
+                if event == "stdout":
+                    await _call(on_stdout, data["text"])
+                elif event == "stderr":
+                    await _call(on_stderr, data["text"])
+                elif event == "display":
+                    await _call(on_display, Result(dict(data)))
+                elif event == "error":
+                    refusal = data
+                elif event == "done":
+                    if data is None:  # the server could not run the cell at all
+                        raise self._refused(refusal)
+                    return execution_from_json(data, session_id=self.id)
+        raise UnexpectedResponse(
+            f"the answer to a cell of session {self.id} ended before the cell did; "
+            f"the server at {self.client.url} may have stopped"
+        )
+
+    def _refused(self, error: dict[str, Any] | None) -> ClocheError:
+        name = str((error or {}).get("ename", ""))
+        message = str((error or {}).get("evalue", "the server could not run the cell"))
+        if name == "SessionNotFound":
+            return SessionNotFound(self.id)
+        if name == "SessionBusy":
+            return SessionBusy(message)
+        if name == "KernelDied":
+            return KernelDied(message)
+        return SandboxError(f"{name}: {message}" if name else message)
+
+    async def upload(self, path: str, data: FileData) -> None:
+        """Write a file in the working directory (directories on the way are made).
+
+        Raises:
+            PathRefused: the path leads out of the working directory, or is unusable.
+        """
+        await self.client._request(
+            "PUT",
+            f"{self._path}/files/{_file_url(path)}",
+            content=_encode(data),
+            session_id=self.id,
+            file_path=path,
+        )
+
+    async def download(self, path: str) -> bytes:
+        """A file of the working directory.
+
+        Raises:
+            PathNotFound: nothing is there.
+            PathRefused: the path leads out of the working directory.
+        """
+        response = await self.client._request(
+            "GET", f"{self._path}/files/{_file_url(path)}", session_id=self.id, file_path=path
+        )
+        return response.content
+
+    async def list_files(self) -> list[FileInfo]:
+        """The files of the working directory, recursively."""
+        response = await self.client._request("GET", f"{self._path}/files", session_id=self.id)
+        return [
+            FileInfo(path=f["path"], size_bytes=int(f["size_bytes"]), modified=float(f["modified"]))
+            for f in response.json()["files"]
+        ]
+
+    async def interrupt(self) -> bool:
+        """Interrupt the running cell (KeyboardInterrupt in it); False when none was running."""
+        response = await self.client._request("POST", f"{self._path}/interrupt", session_id=self.id)
+        return bool(response.json()["interrupted"])
+
+    async def refresh(self) -> SessionInfo:
+        """What the server says about this session now."""
+        self.info = await self.client.get_session(self.id)
+        return self.info
+
+    async def close(self) -> None:
+        """End the session and its sandbox. Idempotent: an already ended one is fine."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(SessionNotFound):
+            await self.client.close_session(self.id)
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncSession {self.id} profile={self.info.profile}>"

@@ -1,0 +1,286 @@
+"""The blocking client: a thin facade that runs `AsyncClient` on a private event loop.
+
+Every method submits the async one's coroutine to a loop on a daemon thread and waits
+for it, so the behaviour (and its errors) is written once, in `aio.py`. Callbacks given
+to `run` are called on that thread, in order.
+
+Example:
+    with cloche.Client() as client, client.create_session() as session:
+        session.run("x = 41")
+        print(session.run("x + 1").text)  # 42
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from cloche.client.aio import (
+    AsyncClient,
+    AsyncSession,
+    DisplayCallback,
+    FileData,
+    FileInfo,
+    OutputCallback,
+    SessionInfo,
+)
+from cloche.client.execution import Execution
+from cloche.errors import ClocheError
+
+T = TypeVar("T")
+# After Ctrl-C, how long to wait for the interrupted cell to end before dropping its stream
+# (which makes the server stop it too); the server kills a cell that ignores an interrupt
+# for its --interrupt-grace.
+INTERRUPT_WAIT_S = 15.0
+
+
+class _LoopThread:
+    """An event loop on a daemon thread, for one client's coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="cloche-client", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine there and wait; Ctrl-C (or any exit) cancels it."""
+        future = self.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()
+
+
+class Client:
+    """A blocking connection to a cloche server's HTTP API.
+
+    Takes the arguments of `AsyncClient` (url, token, timeout_s) and raises the same
+    exceptions; see there.
+    """
+
+    def __init__(
+        self, url: str | None = None, token: str | None = None, *, timeout_s: float = 60.0
+    ) -> None:
+        self._loop = _LoopThread()
+        self._async = AsyncClient(url, token, timeout_s=timeout_s)
+
+    @property
+    def url(self) -> str:
+        return self._async.url
+
+    @property
+    def token(self) -> str | None:
+        return self._async.token
+
+    def create_session(
+        self,
+        profile: str = "lean",
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        files: Mapping[str, FileData] | None = None,
+    ) -> Session:
+        """A new session; see `AsyncClient.create_session`."""
+        created = self._loop.call(
+            self._async.create_session(profile, timeout=timeout, env=env, files=files)
+        )
+        return Session(self._loop, created)
+
+    def session(self, session_id: str) -> Session:
+        """An existing session, by id. Raises SessionNotFound."""
+        return Session(self._loop, self._loop.call(self._async.session(session_id)))
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        return self._loop.call(self._async.get_session(session_id))
+
+    def list_sessions(self) -> list[SessionInfo]:
+        return self._loop.call(self._async.list_sessions())
+
+    def close_session(self, session_id: str) -> None:
+        self._loop.call(self._async.close_session(session_id))
+
+    def run(
+        self,
+        code: str,
+        *,
+        files: Mapping[str, FileData] | None = None,
+        profile: str = "lean",
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_display: DisplayCallback | None = None,
+    ) -> Execution:
+        """Run code once in a fresh session, closed afterwards; see `AsyncClient.run`."""
+        return self._loop.call(
+            self._async.run(
+                code,
+                files=files,
+                profile=profile,
+                timeout=timeout,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                on_display=on_display,
+            )
+        )
+
+    def close(self) -> None:
+        if not self._loop.loop.is_closed():
+            self._loop.call(self._async.aclose())
+            self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Session:
+    """A live Python interpreter in its own sandbox; see `AsyncSession`."""
+
+    def __init__(self, loop: _LoopThread, session: AsyncSession) -> None:
+        self._loop = loop
+        self._async = session
+
+    @property
+    def id(self) -> str:
+        return self._async.id
+
+    @property
+    def info(self) -> SessionInfo:
+        return self._async.info
+
+    def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_display: DisplayCallback | None = None,
+    ) -> Execution:
+        """Run a cell; see `AsyncSession.run`.
+
+        Ctrl-C (KeyboardInterrupt) while it runs interrupts the cell through the API, as
+        in Jupyter: the session and its state survive, and KeyboardInterrupt is raised
+        once the cell has stopped.
+        """
+        future = self._loop.submit(
+            self._async.run(
+                code,
+                timeout=timeout,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                on_display=on_display,
+            )
+        )
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            self._stop(future)
+            raise
+
+    def _stop(self, running: concurrent.futures.Future[Execution]) -> None:
+        """Interrupt the cell through the API and let it end; else drop its stream."""
+        try:
+            if self._loop.call(self._async.interrupt()):
+                running.result(INTERRUPT_WAIT_S)
+        except (KeyboardInterrupt, concurrent.futures.TimeoutError, ClocheError):
+            pass
+        finally:
+            running.cancel()  # a cell still queued is dropped by the server with its stream
+
+    def upload(self, path: str, data: FileData) -> None:
+        """Write a file in the working directory; see `AsyncSession.upload`."""
+        self._loop.call(self._async.upload(path, data))
+
+    def download(self, path: str) -> bytes:
+        """A file of the working directory; see `AsyncSession.download`."""
+        return self._loop.call(self._async.download(path))
+
+    def list_files(self) -> list[FileInfo]:
+        return self._loop.call(self._async.list_files())
+
+    def interrupt(self) -> bool:
+        """Interrupt the running cell; False when none was running."""
+        return self._loop.call(self._async.interrupt())
+
+    def refresh(self) -> SessionInfo:
+        return self._loop.call(self._async.refresh())
+
+    def close(self) -> None:
+        """End the session. Idempotent."""
+        self._loop.call(self._async.close())
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} profile={self.info.profile}>"
+
+
+def run(
+    code: str,
+    *,
+    files: Mapping[str, FileData] | None = None,
+    profile: str = "lean",
+    timeout: float | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    on_stdout: OutputCallback | None = None,
+    on_stderr: OutputCallback | None = None,
+    on_display: DisplayCallback | None = None,
+) -> Execution:
+    """Run code once in a fresh session on the server at `url` (default CLOCHE_URL).
+
+    Args:
+        code: Python source.
+        files: files to put in the working directory first, by path.
+        profile: `lean` or `data`.
+        timeout: time limit of the cell, s.
+        url: the server's HTTP address.
+        token: its bearer token (default CLOCHE_TOKEN).
+        on_stdout, on_stderr, on_display: streaming callbacks, as for `Session.run`.
+
+    Returns:
+        The Execution; `output_files` holds the files the code created or changed.
+    """
+    with Client(url, token) as client:
+        return client.run(
+            code,
+            files=files,
+            profile=profile,
+            timeout=timeout,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            on_display=on_display,
+        )

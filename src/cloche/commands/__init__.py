@@ -1,0 +1,17 @@
+"""The client commands of the `cloche` CLI: run, repl, sessions, tool-schema, mcp.
+
+Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
+`add_commands`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cloche.commands import agents, repl, run, sessions
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register the client commands on the `cloche` parser's subparsers."""
+    for module in (run, repl, sessions, agents):
+        module.add(subparsers)

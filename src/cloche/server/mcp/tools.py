@@ -1,0 +1,320 @@
+"""cloche's MCP tools: run_python, sessions and files, written once over the client SDK.
+
+Both transports use them: `cloche mcp` (stdio, a client of a server's HTTP API) and /mcp
+on the server's own HTTP port (the same API, reached in-process). A `Scope` tells them
+which client and which MCP connection a call belongs to; each connection gets a session
+of its own, made on first use, unless a call names one.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from pydantic import Field
+
+from cloche import __version__
+from cloche.client.aio import AsyncClient, AsyncSession
+from cloche.client.execution import Execution
+from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
+from cloche.errors import ClocheError, SessionNotFound
+
+log = logging.getLogger("cloche.mcp")
+
+INSTRUCTIONS = (
+    "cloche runs Python in persistent sandboxed sessions. Call run_python with code; state "
+    "persists between calls in this connection's own session. Pass session_id to use a "
+    "session made with create_session instead. Use upload_file / download_file to move "
+    "files in and out of a session's working directory."
+)
+SESSION_ID_DESCRIPTION = (
+    "A session made with create_session; leave it out to use this connection's own session"
+)
+IMAGE_MAGIC = {
+    b"\x89PNG\r\n\x1a\n": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+    b"GIF8": "image/gif",
+}
+
+
+class Scope(abc.ABC):
+    """Which cloche client, and which MCP connection, a tool call belongs to."""
+
+    @abc.abstractmethod
+    def client(self, ctx: Context) -> AsyncClient:
+        """The client to reach sessions with, for this call's caller."""
+
+    @abc.abstractmethod
+    def connection(self, ctx: Context) -> str | None:
+        """A key for the caller's MCP connection; None when the transport has none."""
+
+
+class ConnectionSessions:
+    """The session each MCP connection gets unless a call names one, made on first use."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, AsyncSession] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, client: AsyncClient, key: str) -> tuple[AsyncSession, str | None]:
+        """The connection's session, and a note when it had to be replaced."""
+        async with self._lock:
+            note = None
+            session = self._sessions.get(key)
+            if session is not None:
+                try:
+                    await session.refresh()
+                    return session, None
+                except SessionNotFound:
+                    note = (
+                        f"This connection's previous session {session.id} had ended (idle "
+                        "timeout, or its sandbox was lost); a new one was made, so earlier "
+                        "variables and files are gone."
+                    )
+            session = await client.create_session()
+            self._sessions[key] = session
+            log.info("MCP connection %s got session %s", key, session.id)
+            return session, note
+
+    def holds(self, key: str | None, session_id: str) -> bool:
+        return key is not None and key in self._sessions and self._sessions[key].id == session_id
+
+    def forget(self, session_id: str) -> None:
+        for key, session in list(self._sessions.items()):
+            if session.id == session_id:
+                del self._sessions[key]
+
+    async def close(self, key: str) -> None:
+        """The connection ended: close its session."""
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            log.info("MCP connection %s ended: closing session %s", key, session.id)
+            with contextlib.suppress(ClocheError):
+                await session.close()
+
+    async def close_all(self) -> None:
+        for key in list(self._sessions):
+            await self.close(key)
+
+
+@contextlib.contextmanager
+def _as_tool_errors() -> Any:
+    """cloche's exceptions become tool errors the model can read."""
+    try:
+        yield
+    except ClocheError as exc:
+        raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.asynccontextmanager
+async def _session_for(
+    scope: Scope, sessions: ConnectionSessions, ctx: Context, session_id: str | None
+) -> AsyncIterator[tuple[AsyncSession, str | None]]:
+    """The session a call names, else its connection's; a one-off one without a connection."""
+    client = scope.client(ctx)
+    if session_id:
+        yield await client.session(session_id), None
+        return
+    key = scope.connection(ctx)
+    if key is not None:
+        yield await sessions.get(client, key)
+        return
+    session = await client.create_session()
+    try:
+        yield (
+            session,
+            (
+                "This ran in a one-off session, closed afterwards: this MCP connection is "
+                "stateless. To keep state between calls, call create_session and pass its "
+                "session_id."
+            ),
+        )
+    finally:
+        with contextlib.suppress(ClocheError):
+            await session.close()
+
+
+def _images(execution: Execution) -> list[ContentBlock]:
+    return [
+        ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=kind)
+        for result in execution.results
+        for kind, data in result.images().items()
+    ]
+
+
+def execution_result(execution: Execution, note: str | None = None) -> CallToolResult:
+    """An Execution as MCP content: a text summary, then any images."""
+    header = (
+        f"[session {execution.session_id}, cell {execution.execution_count}, "
+        f"{execution.status}, {execution.duration_ms:.0f} ms]"
+    )
+    text = f"{header}\n{execution.to_text()}"
+    if note:
+        text = f"{text}\n\nnote: {note}"
+    error = execution.error
+    return CallToolResult(
+        content=[TextContent(type="text", text=text), *_images(execution)],
+        structured_content={
+            "session_id": execution.session_id,
+            "status": execution.status,
+            "stdout": execution.logs.stdout,
+            "stderr": execution.logs.stderr,
+            "result": execution.text,
+            "error": (
+                {"ename": error.ename, "evalue": error.evalue, "traceback": error.traceback}
+                if error
+                else None
+            ),
+            "execution_count": execution.execution_count,
+            "duration_ms": execution.duration_ms,
+        },
+        is_error=execution.status != "ok",
+    )
+
+
+def _file_content(path: str, data: bytes) -> list[ContentBlock]:
+    for magic, kind in IMAGE_MAGIC.items():
+        if data.startswith(magic):
+            return [
+                TextContent(type="text", text=f"{path}: {len(data)} bytes, {kind}"),
+                ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=kind),
+            ]
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        encoded = base64.b64encode(data).decode()
+        return [
+            TextContent(
+                type="text", text=f"{path}: {len(data)} bytes of binary, base64:\n{encoded}"
+            )
+        ]
+    return [TextContent(type="text", text=text)]
+
+
+def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
+    """An MCPServer with cloche's tools, reaching sessions through `scope`."""
+    server: MCPServer = MCPServer(
+        "cloche", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
+    )
+
+    @server.tool(
+        name=TOOL_NAME,
+        description=RUN_PYTHON_DESCRIPTION,
+        annotations=ToolAnnotations(title="Run Python", open_world_hint=False),
+    )
+    async def run_python(
+        code: Annotated[str, Field(description=CODE_DESCRIPTION)],
+        ctx: Context,
+        session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
+        timeout: Annotated[  # noqa: ASYNC109 (the server's limit for the cell)
+            float | None, Field(description="Time limit of this cell, s", gt=0)
+        ] = None,
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            async with _session_for(scope, sessions, ctx, session_id) as (session, note):
+                execution = await session.run(code, timeout=timeout)
+        return execution_result(execution, note)
+
+    @server.tool(description="Make a new Python session; its state lasts until close_session.")
+    async def create_session(
+        ctx: Context,
+        profile: Annotated[
+            Literal["lean", "data"],
+            Field(
+                description="lean: nothing preloaded; data: numpy, pandas, matplotlib, "
+                "scipy and sympy already imported"
+            ),
+        ] = "lean",
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            session = await scope.client(ctx).create_session(profile)
+        return CallToolResult(
+            content=[
+                TextContent(
+                    type="text",
+                    text=f"Created session {session.id} ({profile}). Pass session_id="
+                    f"{session.id} to run_python, upload_file and download_file; close it with "
+                    "close_session when done.",
+                )
+            ],
+            structured_content={"session_id": session.id, "profile": profile},
+        )
+
+    @server.tool(description="Close a session and discard its state.")
+    async def close_session(session_id: str, ctx: Context) -> str:
+        with _as_tool_errors():
+            await scope.client(ctx).close_session(session_id)
+        sessions.forget(session_id)
+        return f"Closed session {session_id}."
+
+    @server.tool(description="The sessions you can use, with their state and profile.")
+    async def list_sessions(ctx: Context) -> CallToolResult:
+        with _as_tool_errors():
+            listed = await scope.client(ctx).list_sessions()
+        key = scope.connection(ctx)
+        rows = [
+            {
+                "session_id": info.id,
+                "profile": info.profile,
+                "state": info.state,
+                "execution_count": info.execution_count,
+                "expires_at": info.expires_at.isoformat(),
+                "this_connection": sessions.holds(key, info.id),
+            }
+            for info in listed
+        ]
+        lines = []
+        for row in rows:
+            mine = "  (this connection's)" if row["this_connection"] else ""
+            lines.append(
+                f"{row['session_id']}  {row['profile']:<5} {row['state']:<8} "
+                f"cells={row['execution_count']}{mine}"
+            )
+        return CallToolResult(
+            content=[TextContent(type="text", text="\n".join(lines) or "No sessions.")],
+            structured_content={"sessions": rows},
+        )
+
+    @server.tool(description="Write a file into a session's working directory.")
+    async def upload_file(
+        path: Annotated[str, Field(description="Path under the working directory")],
+        content: Annotated[str, Field(description="The file's content (text, or base64)")],
+        ctx: Context,
+        session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
+        is_base64: Annotated[bool, Field(description="content is base64 (binary files)")] = False,
+    ) -> str:
+        try:
+            data = base64.b64decode(content, validate=True) if is_base64 else content.encode()
+        except (binascii.Error, ValueError) as exc:
+            raise ToolError(f"content is not valid base64: {exc}") from exc
+        with _as_tool_errors():
+            async with _session_for(scope, sessions, ctx, session_id) as (session, note):
+                await session.upload(path, data)
+        done = f"Wrote {len(data)} bytes to {path} in session {session.id}."
+        return f"{done}\nnote: {note}" if note else done
+
+    @server.tool(
+        description="Read a file from a session's working directory: text as text, images "
+        "as images, anything else as base64.",
+        annotations=ToolAnnotations(read_only_hint=True),
+    )
+    async def download_file(
+        path: Annotated[str, Field(description="Path under the working directory")],
+        ctx: Context,
+        session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            async with _session_for(scope, sessions, ctx, session_id) as (session, _):
+                data = await session.download(path)
+        return CallToolResult(content=_file_content(path, data))
+
+    return server
