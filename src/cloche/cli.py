@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cloche.commands import add_commands
-from cloche.config import Limits, ServerConfig, default_state_dir
+from cloche.config import Limits, LLMConfig, ServerConfig, default_state_dir
 from cloche.errors import ConfigError
 
 
@@ -40,8 +40,17 @@ def _default_runtime_dir() -> Path | None:
     return candidate if candidate.is_dir() else None
 
 
+def _flag(text: str) -> bool:
+    """A yes/no setting: true/false, yes/no, on/off, 1/0."""
+    value = {"true": True, "yes": True, "on": True, "1": True}.get(text.lower())
+    if value is None and text.lower() not in ("false", "no", "off", "0"):
+        raise ValueError(f"not a yes/no value: {text!r}")
+    return bool(value)
+
+
 _limits = Limits()
 _config = ServerConfig()
+_llm = LLMConfig(base_url="", model="")
 SERVE_OPTIONS = (
     _Option("--host", str, _config.host, "address to listen on"),
     _Option(
@@ -116,6 +125,44 @@ SERVE_OPTIONS = (
         Path,
         None,
         "site-packages importable inside sandboxes (default: .runtime/ beside the venv)",
+    ),
+    _Option(
+        "--llm-base-url",
+        str,
+        None,
+        "OpenAI-compatible endpoint behind llm_query and /v1/chat/completions (RLM); its key "
+        "is read from the environment variable CLOCHE_LLM_API_KEY only",
+    ),
+    _Option("--llm-model", str, None, "model of LLM calls that name none"),
+    _Option("--llm-max-calls", int, _llm.max_calls, "LLM calls per session"),
+    _Option("--llm-max-tokens", int, _llm.max_tokens, "LLM tokens per session (prompt+answer)"),
+    _Option("--llm-concurrency", int, _llm.concurrency, "LLM calls in flight per session"),
+    _Option(
+        "--llm-timeout",
+        float,
+        _llm.timeout_s,
+        "seconds a cell may wait for LLM answers in all (not counted by --cell-timeout)",
+    ),
+    _Option(
+        "--llm-session-time",
+        float,
+        _llm.session_time_s,
+        "seconds a session's cells may wait for LLM answers in all",
+    ),
+    _Option("--llm-max-prompt-chars", int, _llm.max_prompt_chars, "characters of one prompt"),
+    _Option("--llm-max-retries", int, _llm.max_retries, "retries of a failed LLM call (429, 5xx)"),
+    _Option(
+        "--llm-log-prompts",
+        _flag,
+        _llm.log_prompts,
+        "log prompts and answers at debug level (otherwise only their sizes)",
+    ),
+    _Option("--rlm-max-iterations", int, _llm.rlm_max_iterations, "root-model turns of an RLM run"),
+    _Option(
+        "--rlm-output-chars",
+        int,
+        _llm.rlm_output_chars,
+        "REPL output shown to the RLM's root model per code block, characters",
     ),
     _Option("--log-level", str, "info", "log level", ("debug", "info", "warning", "error")),
 )
@@ -217,7 +264,46 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         state_dir=args.state_dir,
         runtime_dir=args.runtime_dir or _default_runtime_dir(),
         tokens=frozenset(tokens),
+        llm=_llm_config(args),
     )
+
+
+def _llm_config(args: argparse.Namespace) -> LLMConfig | None:
+    """The LLM backend the arguments describe, or None without --llm-base-url."""
+    if not args.llm_base_url:
+        if args.llm_model:
+            raise ConfigError("--llm-model needs --llm-base-url")
+        return None
+    if not args.llm_model:
+        raise ConfigError("--llm-base-url needs --llm-model (the model of calls that name none)")
+    config = LLMConfig(
+        base_url=args.llm_base_url,
+        model=args.llm_model,
+        api_key=os.environ.get("CLOCHE_LLM_API_KEY", ""),
+        max_calls=args.llm_max_calls,
+        max_tokens=args.llm_max_tokens,
+        concurrency=args.llm_concurrency,
+        timeout_s=args.llm_timeout,
+        session_time_s=args.llm_session_time,
+        max_prompt_chars=args.llm_max_prompt_chars,
+        max_retries=max(0, args.llm_max_retries),
+        log_prompts=args.llm_log_prompts,
+        rlm_max_iterations=args.rlm_max_iterations,
+        rlm_output_chars=args.rlm_output_chars,
+    )
+    for name, flag in (
+        ("max_calls", "--llm-max-calls"),
+        ("max_tokens", "--llm-max-tokens"),
+        ("concurrency", "--llm-concurrency"),
+        ("timeout_s", "--llm-timeout"),
+        ("session_time_s", "--llm-session-time"),
+        ("max_prompt_chars", "--llm-max-prompt-chars"),
+        ("rlm_max_iterations", "--rlm-max-iterations"),
+        ("rlm_output_chars", "--rlm-output-chars"),
+    ):
+        if not getattr(config, name) > 0:  # NaN too
+            raise ConfigError(f"{flag} must be a positive number, not {getattr(config, name)}")
+    return config
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -31,6 +31,29 @@ class Limits:
         return self.memory_mib + self.disk_mib + 128
 
 
+@dataclass(frozen=True)
+class LLMConfig:
+    """The language model that cells reach through `llm_query`, and what a session may spend.
+
+    The key and the endpoint stay on the host: the sandbox sees neither.
+    """
+
+    base_url: str  # an OpenAI-compatible endpoint, e.g. https://api.openai.com/v1
+    model: str  # used when a call names no model
+    api_key: str = field(default="", repr=False)  # from CLOCHE_LLM_API_KEY only
+    max_calls: int = 1000  # model requests per session (each prompt of a batch is one)
+    max_tokens: int = 2_000_000  # prompt + completion tokens per session
+    concurrency: int = 8  # requests in flight per session
+    timeout_s: float = 300.0  # LLM waiting per cell, not counted by --cell-timeout
+    session_time_s: float = 3600.0  # LLM waiting per session, in all
+    max_prompt_chars: int = 2_000_000  # one prompt
+    max_batch: int = 1024  # prompts in one llm_query_batched request
+    max_retries: int = 2  # retries of a failed request by the client (429, 5xx, network)
+    log_prompts: bool = False  # log prompts and answers (at debug level)
+    rlm_max_iterations: int = 20  # root-model turns of one RLM run
+    rlm_output_chars: int = 20_000  # REPL output shown to the root model per code block
+
+
 def default_state_dir() -> Path:
     """Where per-server state lives: /run/cloche as root, else a private tmp dir."""
     if os.geteuid() == 0:
@@ -60,3 +83,4 @@ class ServerConfig:
     tokens: frozenset[str] = frozenset()
     platform: str = "auto"  # runsc platform: auto, systrap, ptrace
     start_concurrency: int = 0  # sandboxes started at once by the pool; 0 = number of cores
+    llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off

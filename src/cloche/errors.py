@@ -10,6 +10,9 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── IncompleteRead          the stream ended inside a frame
     │   ├── FrameTooLarge           a declared length is above the limit
     │   └── InvalidMessage          a frame is not the JSON object expected
+    ├── LLMError                    a language-model call failed (a cell sees it as LLMError)
+    │   ├── LLMUnavailable          the server has no LLM backend (--llm-base-url)
+    │   └── LLMBudgetExceeded       a session spent its budget (--llm-max-calls, ...)
     ├── SandboxError                a sandbox could not be started or was lost
     │   ├── SandboxStartError       it failed to start (after retries)
     │   └── KernelDied              it exited or broke the channel while in use
@@ -68,6 +71,18 @@ class FrameTooLarge(ProtocolError):
 
 class InvalidMessage(ProtocolError):
     """A frame is not valid UTF-8 JSON of the expected shape."""
+
+
+class LLMError(ClocheError):
+    """A language-model call failed: its endpoint failed, or it took too long."""
+
+
+class LLMUnavailable(LLMError):
+    """The server has no LLM backend configured."""
+
+
+class LLMBudgetExceeded(LLMError):
+    """A session spent one of its LLM budgets (calls, tokens, time)."""
 
 
 class SandboxError(ClocheError):

@@ -45,6 +45,8 @@ OPERATIONS = [
     ("GET", "/v1/sessions/{session_id}/files"),
     ("GET", "/v1/sessions/{session_id}/files/{path}"),
     ("PUT", "/v1/sessions/{session_id}/files/{path}"),
+    ("PUT", "/v1/sessions/{session_id}/context"),
+    ("POST", "/v1/chat/completions"),
 ]
 
 

@@ -18,6 +18,7 @@ from .channel import Channel
 from .display import as_json, mime_bundle
 from .executor import Executor, format_error
 from .figures import FigureCapture
+from .llm import Bridge
 
 
 class Kernel:
@@ -30,6 +31,7 @@ class Kernel:
         self.in_cell = False
         self.output_limit = 1 << 20
         self.figures = FigureCapture(self._send_display)
+        self.llm = Bridge(channel, self.executor.namespace)  # llm_query, once installed
         signal.signal(signal.SIGINT, self._on_sigint)
         builtins.display = self.display  # type: ignore[attr-defined]
         # What `site` would add (the kernel runs with -S): exit(), quit(), help().
@@ -40,11 +42,12 @@ class Kernel:
     def _on_sigint(self, signum: int, frame: object) -> None:
         # The host interrupts only a running cell; one that arrives after the cell ended
         # (a race with the host's timer) must not hit the kernel's own code.
-        if self.in_cell:
+        if self.in_cell and not self.llm.hold_interrupt():
             raise KeyboardInterrupt
 
     def _set_in_cell(self, flag: bool) -> None:
         self.in_cell = flag
+        self.llm.cell(flag)  # at the end, waits for replies owed to the cell's threads
 
     def display(self, *objects: Any) -> None:
         """Show objects as rich output of the running cell, as Jupyter's display() does."""

@@ -40,6 +40,7 @@ _CELL_BUCKETS_S = (
     300,
 )
 _START_BUCKETS_S = (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
+_LLM_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 
 
 class Metrics:
@@ -89,6 +90,45 @@ class Metrics:
             "cloche_rejected_requests",
             "Requests refused, by front end and reason",
             ["frontend", "reason"],
+            registry=self.registry,
+        )
+        # Language models (llm_query and RLM runs). Labelled by model (at most 16 names,
+        # then "other"), never by session: a session's spending is in the logs.
+        self.llm_calls = Counter(
+            "cloche_llm_calls",
+            "LLM calls, by model, kind (sub: a cell's llm_query; root: an RLM run's) and outcome",
+            ["model", "kind", "outcome"],
+            registry=self.registry,
+        )
+        self.llm_latency = Histogram(
+            "cloche_llm_call_duration_seconds",
+            "Wall time of LLM calls",
+            ["model", "kind"],
+            buckets=_LLM_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.llm_tokens = Counter(
+            "cloche_llm_tokens",
+            "Tokens of LLM calls as the endpoint reported them, by model and kind",
+            ["model", "kind"],
+            registry=self.registry,
+        )
+        self.llm_budget_refusals = Counter(
+            "cloche_llm_budget_refusals",
+            "LLM calls refused because a session spent a budget (calls, tokens, time)",
+            ["budget"],
+            registry=self.registry,
+        )
+        self.rlm_runs = Counter(
+            "cloche_rlm_runs",
+            "RLM runs (POST /v1/chat/completions), by how they ended",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.rlm_iterations = Histogram(
+            "cloche_rlm_iterations",
+            "Root-model turns of RLM runs",
+            buckets=(1, 2, 3, 5, 8, 13, 20, 30, 50),
             registry=self.registry,
         )
 

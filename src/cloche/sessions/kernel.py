@@ -13,7 +13,7 @@ import logging
 import signal
 import subprocess
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, Limits
 from cloche.errors import (
@@ -25,6 +25,9 @@ from cloche.errors import (
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
 from cloche.sandbox.base import ExitStep, Sandbox
 from cloche.sessions.result import CellResult, CellStatus
+
+if TYPE_CHECKING:
+    from cloche.llm.bridge import KernelLLM
 
 log = logging.getLogger("cloche.kernel")
 
@@ -56,6 +59,7 @@ class _Cell:
         self.stage = _Stage.RUNNING
         self.reason: CellStatus | None = None  # TIMEOUT or INTERRUPTED once signalled
         self.timer: asyncio.TimerHandle | None = None
+        self.held_s: float | None = None  # time left on its clock while it waits for an LLM
 
 
 class _ChannelProtocol(asyncio.Protocol):
@@ -93,6 +97,7 @@ class KernelClient:
         self._between_cells_chars = 0
         self._exit_step: ExitStep | None = None
         self.killing = False
+        self.llm: KernelLLM | None = None  # answers the cells' llm_query, when configured
 
     @property
     def id(self) -> str:
@@ -175,6 +180,8 @@ class KernelClient:
             raise
         finally:
             cell.timer.cancel()
+            if self.llm is not None:
+                self.llm.end(cell)
             if self._cell is cell:
                 self._cell = None
         return cell.result
@@ -210,6 +217,8 @@ class KernelClient:
         loop = asyncio.get_running_loop()
         cell.timer = loop.call_later(self.limits.interrupt_grace_s, self._on_deadline, cell)
         loop.run_in_executor(None, self.sandbox.interrupt)
+        if self.llm is not None:  # a call in flight is answered now, so the cell can stop
+            self.llm.stop(cell, f"the cell was interrupted ({reason.value})", interrupted=True)
 
     def _kill(self, why: str) -> None:
         if self.death is None:
@@ -219,6 +228,23 @@ class KernelClient:
         loop = asyncio.get_running_loop()
         loop.run_in_executor(None, self.sandbox.kill)
         loop.call_later(10.0, self._lost)  # in case the channel never closes
+
+    def hold_deadline(self, cell: _Cell, held: bool) -> None:
+        """Stop the cell's clock while it waits for an LLM's answer, or restart it."""
+        if cell.future.done() or cell.stage is not _Stage.RUNNING or cell.timer is None:
+            return
+        loop = asyncio.get_running_loop()
+        if held and cell.held_s is None:
+            cell.held_s = max(0.0, cell.timer.when() - loop.time())
+            cell.timer.cancel()
+        elif not held and cell.held_s is not None:
+            cell.timer = loop.call_later(cell.held_s, self._on_deadline, cell)
+            cell.held_s = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write a message to the kernel (the answer to an LLM request)."""
+        if self._writer is not None and not self.killing and not self._writer.is_closing():
+            self._writer.write(encode_frame(message))
 
     # -- messages from the kernel -------------------------------------------------------
 
@@ -236,6 +262,10 @@ class KernelClient:
             if cell is None:
                 raise InvalidMessage("end of a cell that was never sent")
             self._on_done(cell, message)
+        elif op == "llm":
+            if cell is None or self.llm is None:
+                raise InvalidMessage("an LLM request outside a cell, or without an LLM backend")
+            self.llm.request(cell, message)
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")

@@ -13,6 +13,8 @@ import logging
 import secrets
 import time
 from collections import Counter
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from cloche.config import ServerConfig
 from cloche.errors import KernelDied, SessionNotFound, TooManySessions
@@ -25,6 +27,9 @@ from cloche.sessions.profiles import DATA, LEAN, get_profile
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState
 
+if TYPE_CHECKING:
+    from cloche.llm.broker import Broker
+
 log = logging.getLogger("cloche.session")
 
 
@@ -35,6 +40,8 @@ def new_session_id() -> str:
 
 class SessionManager(abc.ABC):
     """Creates, finds, runs, expires and closes sessions."""
+
+    llm: Broker | None = None  # the language-model broker, when the server has one
 
     @abc.abstractmethod
     async def create(self, owner: str | None = None, profile: str = "lean") -> SessionInfo:
@@ -132,11 +139,16 @@ class LocalSessionManager(SessionManager):
         self.config = config
         self.backend = backend
         self.limits = config.limits
+        llm_setup = ""
+        if config.llm is not None:  # every sandbox gets llm_query as it starts
+            from cloche.llm.bridge import install_code
+
+            llm_setup = install_code(config.llm, config.max_frame_bytes)
         self.pools = {
             profile.name: WarmPool(
                 backend,
                 config.limits,
-                profile,
+                replace(profile, preload=profile.preload + llm_setup),
                 size=size,
                 max_frame_bytes=config.max_frame_bytes,
                 start_concurrency=config.start_concurrency,
@@ -145,6 +157,10 @@ class LocalSessionManager(SessionManager):
         }
         self.pool = self.pools[LEAN.name]
         self.metrics = Metrics()
+        if config.llm is not None:
+            from cloche.llm.broker import Broker
+
+            self.llm = Broker(config.llm, self.metrics)
         for pool in self.pools.values():
             pool.on_start = self._sandbox_started
         self._sessions: dict[str, Session] = {}
@@ -192,6 +208,10 @@ class LocalSessionManager(SessionManager):
         session = Session(
             new_session_id(), kernel, owner, self.config.max_queued_cells, profile=profile
         )
+        if self.llm is not None:
+            from cloche.llm.bridge import KernelLLM
+
+            kernel.llm = KernelLLM(self.llm, self.llm.budget(session.id), kernel)
         self._sessions[session.id] = session
         self.created += 1
         self.metrics.sessions_created.labels(profile).inc()
@@ -317,6 +337,8 @@ class LocalSessionManager(SessionManager):
             return_exceptions=True,
         )
         await asyncio.to_thread(self.backend.shutdown)
+        if self.llm is not None:
+            await self.llm.close()
 
     @property
     def session_count(self) -> int:

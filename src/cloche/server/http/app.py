@@ -12,8 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from cloche import __version__
-from cloche.config import ServerConfig
-from cloche.server.http import errors, sessions, terrarium
+from cloche.config import MIB, ServerConfig
+from cloche.server.http import chat, context, errors, sessions, terrarium
 from cloche.server.http.limits import BodyLimit
 from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics
@@ -36,6 +36,8 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     errors.install(app)
     app.include_router(terrarium.router)
     app.include_router(sessions.router)
+    app.include_router(context.router)
+    app.include_router(chat.router)
 
     @app.get("/health", summary="200 while sandboxes can be served, else 503")
     async def health() -> JSONResponse:
@@ -48,7 +50,11 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     mcp_http.mount(app, config)  # MCP's streamable HTTP transport at /mcp
-    app.add_middleware(BodyLimit, max_bytes=config.max_frame_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=config.max_frame_bytes,
+        larger=[(context.PATH, config.limits.disk_mib * MIB)],
+    )
     return app
 
 

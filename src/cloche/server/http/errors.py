@@ -13,6 +13,9 @@ from starlette.exceptions import HTTPException
 
 from cloche.errors import (
     ClocheError,
+    LLMBudgetExceeded,
+    LLMError,
+    LLMUnavailable,
     PathNotFound,
     PathRefused,
     SandboxError,
@@ -35,6 +38,9 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (Unauthorized, 401, "unauthorized"),
     (UnknownProfile, 400, "invalid_request"),
     (SandboxError, 503, "unavailable"),
+    (LLMUnavailable, 404, "llm_unavailable"),
+    (LLMBudgetExceeded, 429, "llm_budget"),
+    (LLMError, 502, "llm_error"),
 )
 
 

@@ -2,35 +2,46 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cloche.server.http.errors import BodyTooLarge, error_response
 
 
 class BodyLimit:
-    """Refuses bodies above max_bytes with 413, before or while they are read."""
+    """Refuses bodies above max_bytes with 413, before or while they are read.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    `larger` gives other limits to the paths that match (streamed uploads).
+    """
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, larger: Sequence[tuple[re.Pattern[str], int]] = ()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = tuple(larger)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = next(
+            (limit for path, limit in self.larger if path.match(scope.get("path", ""))),
+            self.max_bytes,
+        )
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = -1
-                if declared < 0 or declared > self.max_bytes:
+                if declared < 0 or declared > max_bytes:
                     response = error_response(
                         413 if declared > 0 else 400,
                         "too_large" if declared > 0 else "invalid_request",
-                        str(BodyTooLarge(self.max_bytes))
-                        if declared > 0
-                        else "invalid Content-Length",
+                        str(BodyTooLarge(max_bytes)) if declared > 0 else "invalid Content-Length",
                         scope.get("path"),
                     )
                     await response(scope, receive, send)
@@ -43,9 +54,9 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     too_large = True
-                    raise BodyTooLarge(self.max_bytes)
+                    raise BodyTooLarge(max_bytes)
             return message
 
         async def answer(message: Message) -> None:
@@ -54,7 +65,7 @@ class BodyLimit:
             if not too_large:
                 await send(message)
             elif message["type"] == "http.response.start":
-                exc = BodyTooLarge(self.max_bytes)
+                exc = BodyTooLarge(max_bytes)
                 await error_response(413, "too_large", str(exc), scope.get("path"))(
                     scope, receive, send
                 )

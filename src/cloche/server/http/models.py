@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ErrorDetail(BaseModel):
@@ -61,6 +61,11 @@ class SessionCreate(BaseModel):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables to set")
     files: list[FileIn] = Field(default_factory=list, description="Files to put in /work")
+    context: Any = Field(
+        default=None,
+        description="A context (text, or any JSON) loaded as the variable `context`; for "
+        "large ones, PUT /v1/sessions/{id}/context streams it",
+    )
 
 
 class SessionLimits(BaseModel):
@@ -131,3 +136,75 @@ class FileOut(BaseModel):
 class FileList(BaseModel):
     files: list[FileOut]
     truncated: bool = Field(description="True when the listing stopped at its cap")
+
+
+class ContextOut(BaseModel):
+    kind: Literal["text", "json"] = Field(description="How the session loaded it")
+    file: str = Field(description="The file in the working directory that holds it")
+    size_bytes: int
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = Field(
+        default=None, description="Text, or OpenAI content parts (their text parts are used)"
+    )
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's chat completion request; other OpenAI fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(
+        pattern=r"^rlm:",
+        description="rlm:<model>: a Recursive Language Model over <model> (root and "
+        "llm_query); rlm: alone uses the server's --llm-model",
+    )
+    messages: list[ChatMessage] = Field(
+        min_length=1, description="The last user message is the query"
+    )
+    stream: bool = Field(default=False, description="Not supported: must be false")
+    context: Any = Field(
+        default=None,
+        description="cloche's extension: the context (text, or any JSON), loaded as the "
+        "variable `context`. Without it, a session that has one keeps it, and a new session "
+        "gets the messages (one message's text, or the list of messages)",
+    )
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, stream: bool) -> bool:
+        if stream:
+            raise ValueError("streaming is not supported by the RLM endpoint: send false")
+        return stream
+
+
+class ChatChoiceMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatChoiceMessage
+    finish_reason: Literal["stop", "length"] = Field(
+        description="stop: the model gave FINAL; length: it was cut off after the last turn"
+    )
+
+
+class ChatUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(BaseModel):
+    """OpenAI's chat completion; usage sums the root model's calls and llm_query's."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: ChatUsage

@@ -16,6 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from cloche.config import Limits
 from cloche.errors import ClocheError, PathRefused
+from cloche.llm.context import put_context_value
 from cloche.sandbox.files import normalise
 from cloche.server.http.auth import owner_of
 from cloche.server.http.models import (
@@ -102,6 +103,8 @@ async def create_session(
             if result.status.value != "ok":
                 why = result.error["evalue"] if result.error else result.message
                 raise PathRefused("env", f"could not set the environment: {why}")
+        if body.context is not None:
+            await put_context_value(manager, info.id, owner, body.context)
     except BaseException:
         await manager.close(info.id, owner, reason="failed-setup")
         raise
