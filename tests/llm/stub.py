@@ -39,6 +39,7 @@ class Recorded:
     body: dict[str, Any]
     headers: dict[str, str]
     client: str
+    usage: dict[str, int] = field(default_factory=dict)  # what the stub answered
 
     @property
     def prompt(self) -> str:
@@ -167,6 +168,7 @@ class StubLLM:
             "completion_tokens": len(text) // 4 + 1,
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        record.usage = usage
         return JSONResponse(
             {
                 "id": f"stub-{len(self.requests)}",
