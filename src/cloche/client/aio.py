@@ -10,15 +10,17 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
 import datetime
 import inspect
+import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -29,6 +31,9 @@ from cloche.errors import (
     ClocheError,
     InvalidRequest,
     KernelDied,
+    LLMBudgetExceeded,
+    LLMError,
+    LLMUnavailable,
     PathNotFound,
     PathRefused,
     RequestTimeout,
@@ -50,6 +55,12 @@ ANSWER_MARGIN_S = 30.0
 OutputCallback = Callable[[str], Any]  # called with each chunk of stdout or stderr
 DisplayCallback = Callable[[Result], Any]  # called with each display()ed bundle or figure
 FileData = bytes | str  # str is written as UTF-8
+RLM_TIMEOUT_S = 3600.0  # how long session.rlm() waits for its answer, by default
+_LLM_ERRORS: dict[str, type[LLMError]] = {
+    "llm_unavailable": LLMUnavailable,
+    "llm_budget": LLMBudgetExceeded,
+    "llm_error": LLMError,
+}
 
 
 def default_url() -> str:
@@ -117,6 +128,16 @@ async def _call(callback: Callable[[Any], Any] | None, value: Any) -> None:
         outcome = callback(value)
         if inspect.isawaitable(outcome):
             await outcome
+
+
+async def _file_chunks(path: str) -> AsyncIterator[bytes]:
+    """A file's content in pieces, read in a thread."""
+    file = await asyncio.to_thread(open, path, "rb")
+    try:
+        while chunk := await asyncio.to_thread(file.read, 1 << 20):
+            yield chunk
+    finally:
+        file.close()
 
 
 def _with_message(exc: ClocheError, message: str) -> ClocheError:
@@ -347,6 +368,8 @@ class AsyncClient:
                 return _with_message(PathNotFound(file_path), message)
         if status == 400 and kind == "path_refused":
             return _with_message(PathRefused(file_path or "", message), message)
+        if kind in _LLM_ERRORS:
+            return _LLM_ERRORS[kind](message)
         table: dict[int, type[ClocheError]] = {
             400: InvalidRequest,
             409: SessionBusy,
@@ -491,6 +514,90 @@ class AsyncSession:
             FileInfo(path=f["path"], size_bytes=int(f["size_bytes"]), modified=float(f["modified"]))
             for f in response.json()["files"]
         ]
+
+    async def set_context(
+        self, context: Any, *, kind: Literal["text", "json"] | None = None
+    ) -> int:
+        """Put a context in the session as the variable `context`.
+
+        It is streamed to a file in the working directory (not through a cell), so it may
+        be as large as the working directory (the server's --disk-mib), and loaded silently.
+
+        Args:
+            context: Text (a str, or UTF-8 bytes); a path (`pathlib.Path`), whose file is
+                streamed, as JSON when its name ends in .json; or any other JSON value.
+            kind: "text" or "json", instead of the guess.
+
+        Returns:
+            Its size in bytes.
+
+        Raises:
+            PathRefused: it is larger than the working directory, or the session could not
+                load it (not JSON, or too large for its memory).
+        """
+        content: Any
+        if isinstance(context, os.PathLike):
+            path = os.fspath(context)
+            kind = kind or ("json" if str(path).endswith(".json") else "text")
+            content = _file_chunks(path)
+        elif isinstance(context, str | bytes):
+            kind = kind or "text"
+            content = _encode(context)
+        else:
+            kind = "json"
+            content = json.dumps(context, ensure_ascii=False).encode()
+        response = await self.client._request(
+            "PUT",
+            f"{self._path}/context",
+            params={"format": kind},
+            content=content,
+            session_id=self.id,
+            timeout=max(self.client.timeout_s, self.info.cell_timeout_s + ANSWER_MARGIN_S),
+        )
+        return int(response.json()["size_bytes"])
+
+    async def rlm(
+        self,
+        query: str,
+        *,
+        context: Any = None,
+        model: str | None = None,
+        timeout_s: float = RLM_TIMEOUT_S,
+    ) -> str:
+        """Answer query with a Recursive Language Model over this session's `context`.
+
+        The server's root model writes code that runs in this session and calls sub-models
+        on pieces of `context` with llm_query, until it answers (the server's
+        POST /v1/chat/completions with model rlm:<model>). The session keeps the run's
+        variables for the next cells and runs.
+
+        Args:
+            query: The question.
+            context: Put in the session first, as `set_context` does; None keeps the
+                session's own.
+            model: The model of the root and of llm_query; None for the server's --llm-model.
+            timeout_s: How long to wait for the answer.
+
+        Returns:
+            The answer.
+
+        Raises:
+            LLMUnavailable: the server has no LLM backend.
+            LLMBudgetExceeded: the session spent one of its LLM budgets.
+            LLMError: the model's endpoint failed.
+        """
+        if context is not None:
+            await self.set_context(context)
+        body = {"model": f"rlm:{model or ''}", "messages": [{"role": "user", "content": query}]}
+        response = await self.client._request(
+            "POST",
+            "/v1/chat/completions",
+            json=body,
+            headers={"x-cloche-session-id": self.id},
+            session_id=self.id,
+            timeout=timeout_s,
+        )
+        return str(response.json()["choices"][0]["message"]["content"])
 
     async def interrupt(self) -> bool:
         """Interrupt the running cell (KeyboardInterrupt in it); False when none was running."""

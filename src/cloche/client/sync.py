@@ -17,9 +17,10 @@ import concurrent.futures
 import threading
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from cloche.client.aio import (
+    RLM_TIMEOUT_S,
     AsyncClient,
     AsyncSession,
     DisplayCallback,
@@ -221,6 +222,23 @@ class Session:
 
     def list_files(self) -> list[FileInfo]:
         return self._loop.call(self._async.list_files())
+
+    def set_context(self, context: Any, *, kind: Literal["text", "json"] | None = None) -> int:
+        """Put a context in the session as `context`; see `AsyncSession.set_context`."""
+        return self._loop.call(self._async.set_context(context, kind=kind))
+
+    def rlm(
+        self,
+        query: str,
+        *,
+        context: Any = None,
+        model: str | None = None,
+        timeout_s: float = RLM_TIMEOUT_S,
+    ) -> str:
+        """Answer query with a Recursive Language Model; see `AsyncSession.rlm`."""
+        return self._loop.call(
+            self._async.rlm(query, context=context, model=model, timeout_s=timeout_s)
+        )
 
     def interrupt(self) -> bool:
         """Interrupt the running cell; False when none was running."""
