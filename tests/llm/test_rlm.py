@@ -140,6 +140,13 @@ def test_the_sub_model_is_the_one_named(http, stub: StubLLM):
     )
     assert answer.status_code == 200, answer.text
     assert {r.body["model"] for r in stub.requests} == {"big-model"}
+    # After the run, the session's own cells get the server's model again.
+    session = answer.headers["x-cloche-session-id"]
+    stub.reset()
+    cell = http.post(f"/v1/sessions/{session}/execute", json={"code": "llm_query('x')"})
+    assert cell.json()["result_json"] == "echo: x"
+    assert [r.body["model"] for r in stub.requests] == ["stub-model"]
+    http.delete(f"/v1/sessions/{session}")
 
 
 def test_without_a_context_a_new_session_gets_the_message(http, stub: StubLLM):

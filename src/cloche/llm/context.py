@@ -76,13 +76,17 @@ async def put_context_value(
 ) -> int:
     """Put a value as the session's context: a str as text, anything else as JSON."""
     kind: ContextKind = "text" if isinstance(value, str) else "json"
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    data = text.encode("utf-8", "surrogatepass")
+    data = await asyncio.to_thread(_encode, value)  # megabytes: not on the event loop
 
     async def one() -> AsyncIterator[bytes]:
         yield data
 
     return await put_context(manager, session_id, owner, one(), kind)
+
+
+def _encode(value: object) -> bytes:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
 
 
 class _Writer:

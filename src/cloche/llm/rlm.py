@@ -133,6 +133,7 @@ class RLM:
                 )
                 outcome = "ok" if finished else "cut_off"
             finally:
+                budget.default_model = None  # the session's own cells get the server's again
                 self.broker.metrics.rlm_runs.labels(outcome).inc()
                 log.info(
                     "rlm run session=%s model=%s outcome=%s duration_ms=%.0f",
