@@ -439,6 +439,7 @@ class AsyncSession:
             body["timeout"] = timeout
         wait_s = (timeout or self.info.cell_timeout_s) + ANSWER_MARGIN_S
         refusal: dict[str, Any] | None = None
+        done: dict[str, Any] | None = None
         async with (
             self.client._translated(wait_s),
             self.client._http.stream(
@@ -464,7 +465,9 @@ class AsyncSession:
                 elif event == "done":
                     if data is None:  # the server could not run the cell at all
                         raise self._refused(refusal)
-                    return execution_from_json(data, session_id=self.id)
+                    done = data  # the stream ends here: read to its end, leave nothing open
+        if done is not None:
+            return execution_from_json(done, session_id=self.id)
         raise UnexpectedResponse(
             f"the answer to a cell of session {self.id} ended before the cell did; "
             f"the server at {self.client.url} may have stopped"

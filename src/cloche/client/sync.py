@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import signal
 import threading
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
@@ -44,10 +45,15 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="cloche-client", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="cloche-client", daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        # Ctrl-C must reach the thread that waits for a call, never this one (nor threads it
+        # starts, which inherit the mask): a signal taken here would not wake the waiter.
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        self.loop.run_forever()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -63,6 +69,7 @@ class _LoopThread:
 
     def close(self) -> None:
         if self._thread.is_alive():
+            self.call(self.loop.shutdown_asyncgens())  # those a cancelled call left open
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
             self.loop.close()

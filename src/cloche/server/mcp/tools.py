@@ -14,7 +14,7 @@ import base64
 import binascii
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -200,11 +200,23 @@ def _file_content(path: str, data: bytes) -> list[ContentBlock]:
     return [TextContent(type="text", text=text)]
 
 
+@contextlib.contextmanager
+def _logging_left_alone() -> Iterator[None]:
+    """MCPServer() calls logging.basicConfig, which would give an unconfigured process a
+    root handler (and level) of the SDK's choosing: the host's logging is its own."""
+    root = logging.getLogger()
+    placeholder = logging.NullHandler()
+    root.addHandler(placeholder)
+    try:
+        yield
+    finally:
+        root.removeHandler(placeholder)
+
+
 def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
     """An MCPServer with cloche's tools, reaching sessions through `scope`."""
-    server: MCPServer = MCPServer(
-        "cloche", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
-    )
+    with _logging_left_alone():
+        server: MCPServer = MCPServer("cloche", instructions=INSTRUCTIONS, version=__version__)
 
     @server.tool(
         name=TOOL_NAME,

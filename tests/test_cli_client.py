@@ -1,0 +1,292 @@
+"""The client commands (`cloche run`, `repl`, `sessions`, `tool-schema`) as a user runs them:
+subprocesses (the REPL in a pseudo-terminal) against a real gVisor server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from support import ServerThread, make_config, require_gvisor
+
+CLOCHE = Path(sys.executable).parent / "cloche"
+TOKEN = "cli-token"
+PROMPT = ">>> "
+MORE = "... "
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    require_gvisor()
+    state = tmp_path_factory.mktemp("cli-client-state")
+    with ServerThread(make_config(state, tokens=frozenset({TOKEN}), pool_size=2)) as running:
+        yield running
+
+
+@pytest.fixture
+def url(api: ServerThread) -> Iterator[str]:
+    yield f"http://127.0.0.1:{api.http_port}"
+    assert api.server.manager.list(TOKEN) == [], "a test left a session open"
+
+
+@pytest.fixture
+def environment(tmp_path: Path) -> dict[str, str]:
+    """The caller's environment without CLOCHE_*, and a HOME of the test's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLOCHE_")}
+    env["HOME"] = str(tmp_path)
+    env["CLOCHE_HISTORY"] = str(tmp_path / "history")
+    return env
+
+
+def cloche(
+    *argv: str, env: dict[str, str], stdin: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CLOCHE), *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=cwd,
+    )
+
+
+def connect(url: str) -> list[str]:
+    return ["--url", url, "--token", TOKEN]
+
+
+# cloche run
+
+
+def test_run_streams_output_and_prints_the_result(url, environment, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n6 * 7\n"
+    )
+    done = cloche("run", str(script), *connect(url), env=environment)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "to stdout\n42\n"
+    assert done.stderr == "to stderr\n"
+
+
+def test_run_reads_stdin_and_takes_the_server_from_the_environment(url, environment):
+    environment.update(CLOCHE_URL=url, CLOCHE_TOKEN=TOKEN)
+    done = cloche("run", "-", env=environment, stdin="print(sum(range(10)))")
+    assert (done.returncode, done.stdout) == (0, "45\n"), done.stderr
+
+
+def test_run_exits_1_with_the_traceback_when_the_code_fails(url, environment):
+    done = cloche("run", "-", *connect(url), env=environment, stdin="print('ran')\n{}['missing']")
+    assert done.returncode == 1
+    assert done.stdout == "ran\n"
+    assert "KeyError: 'missing'" in done.stderr
+    assert "Traceback" in done.stderr
+
+
+def test_run_exits_1_when_the_cell_times_out(url, environment):
+    done = cloche(
+        "run", "-", "--timeout", "1", *connect(url), env=environment, stdin="while True: pass"
+    )
+    assert done.returncode == 1
+    assert "time limit" in done.stderr
+
+
+def test_run_keep_leaves_the_session_open_for_later(url, environment, api):
+    done = cloche("run", "-", "--keep", *connect(url), env=environment, stdin="answer = 42")
+    assert done.returncode == 0, done.stderr
+    match = re.fullmatch(r"cloche: kept session ([0-9a-f]{32})\n", done.stderr)
+    assert match, done.stderr
+    session_id = match[1]
+    again = cloche(
+        "run", "-", "--session", session_id, *connect(url), env=environment, stdin="answer + 1"
+    )
+    assert (again.returncode, again.stdout) == (0, "43\n"), again.stderr
+
+    listed = cloche("sessions", *connect(url), env=environment)
+    assert listed.returncode == 0
+    assert session_id in listed.stdout and "lean" in listed.stdout
+
+    shown = cloche("sessions", "show", session_id, "--json", *connect(url), env=environment)
+    assert shown.returncode == 0, shown.stderr
+    described = json.loads(shown.stdout)
+    assert (described["id"], described["execution_count"]) == (session_id, 2)
+
+    closed = cloche("sessions", "close", session_id, *connect(url), env=environment)
+    assert (closed.returncode, closed.stdout) == (0, f"closed {session_id}\n")
+    gone = cloche("sessions", "show", session_id, *connect(url), env=environment)
+    assert gone.returncode == 2
+    assert gone.stderr == f"cloche sessions show: Session {session_id} not found\n"
+    assert cloche("sessions", "--json", *connect(url), env=environment).stdout.strip() == "[]"
+
+
+def test_run_a_missing_file(url, environment, tmp_path):
+    done = cloche("run", str(tmp_path / "absent.py"), *connect(url), env=environment)
+    assert done.returncode == 2 and "can't read" in done.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_no_server_names_the_url_setting(environment):
+    done = cloche(
+        "run", "-", "--url", f"http://127.0.0.1:{free_port()}", env=environment, stdin="1"
+    )
+    assert done.returncode == 2
+    assert "can't reach a cloche server" in done.stderr
+    assert "--url" in done.stderr and "CLOCHE_URL" in done.stderr
+
+
+def test_no_token_names_the_token_setting(url, environment):
+    done = cloche("sessions", "--url", url, env=environment)
+    assert done.returncode == 2
+    assert "needs a token" in done.stderr
+    assert "--token" in done.stderr and "CLOCHE_TOKEN" in done.stderr
+
+
+def test_options_may_follow_the_subcommand_or_precede_it(url, environment):
+    after = cloche("sessions", "list", "--json", *connect(url), env=environment)
+    before = cloche("sessions", *connect(url), "--json", "list", env=environment)
+    assert after.returncode == before.returncode == 0, after.stderr + before.stderr
+    assert json.loads(after.stdout) == json.loads(before.stdout) == []
+
+
+# cloche tool-schema
+
+
+def test_tool_schema_is_an_openai_function_definition(environment):
+    done = cloche("tool-schema", env=environment)
+    assert done.returncode == 0
+    schema = json.loads(done.stdout)
+    assert schema["type"] == "function"
+    function = schema["function"]
+    assert function["name"] == "run_python"
+    assert "persist" in function["description"]
+    assert function["parameters"]["required"] == ["code"]
+    assert function["parameters"]["properties"]["code"]["type"] == "string"
+    flat = json.loads(cloche("tool-schema", "--style", "responses", env=environment).stdout)
+    assert flat["name"] == "run_python" and flat["parameters"] == function["parameters"]
+
+
+# cloche repl, in a pseudo-terminal
+
+
+def spawn_repl(
+    url: str, environment: dict[str, str], *extra: str, cwd: Path
+) -> tuple[pexpect.spawn, str]:
+    """The REPL at its first prompt, and the id of its session."""
+    repl = pexpect.spawn(
+        str(CLOCHE),
+        ["repl", *connect(url), *extra],
+        env=environment,
+        cwd=str(cwd),
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(40, 200),
+    )
+    repl.expect(r"session ([0-9a-f]{32}) \(lean\)")
+    session_id = str(repl.match[1])
+    repl.expect_exact(PROMPT)
+    return repl, session_id
+
+
+def test_repl_multiline_input_ctrl_c_and_files(url, environment, tmp_path, api):
+    repl, _ = spawn_repl(url, environment, cwd=tmp_path)
+    try:
+        # A definition over several lines, then its use.
+        repl.sendline("def double(x):")
+        repl.expect_exact(MORE)
+        repl.sendline("    return 2 * x")
+        repl.expect_exact(MORE)
+        repl.sendline("")
+        repl.expect_exact(PROMPT)
+        repl.sendline("double(21)")
+        repl.expect_exact("42")
+        repl.expect_exact(PROMPT)
+
+        # Ctrl-C during a cell interrupts it; the session and its state live on.
+        repl.sendline("marker = 'ali' + 've'")
+        repl.expect_exact(PROMPT)
+        repl.sendline("import time; print('sleep' + 'ing', flush=True); time.sleep(30)")
+        repl.expect_exact("sleeping")
+        repl.sendcontrol("c")
+        repl.expect_exact("KeyboardInterrupt", timeout=20)  # well before the 30 s
+        repl.expect_exact(PROMPT)
+        repl.sendline("marker")
+        repl.expect_exact("'alive'")
+        repl.expect_exact(PROMPT)
+
+        # Ctrl-C at the prompt drops the line being typed. (Once readline has echoed the
+        # line it is waiting for more; a signal that comes while it is still busy with the
+        # keys is only noticed at the next one, as in Python's own REPL.)
+        repl.send("unfinished(")
+        repl.expect_exact("unfinished(")
+        repl.sendcontrol("c")
+        repl.expect_exact("KeyboardInterrupt")
+        repl.expect_exact(PROMPT)
+        repl.sendline("double(50)")
+        repl.expect_exact("100")
+        repl.expect_exact(PROMPT)
+
+        # %upload and %download.
+        (tmp_path / "local.txt").write_text("from the host\n")
+        repl.sendline("%upload local.txt inside/remote.txt")
+        repl.expect_exact("uploaded local.txt to inside/remote.txt (14 bytes)")
+        repl.expect_exact(PROMPT)
+        repl.sendline("open('inside/remote.txt').read().upper()")
+        repl.expect_exact("'FROM THE HOST\\n'")
+        repl.expect_exact(PROMPT)
+        repl.sendline("open('made.txt', 'w').write('made ' * 3)")
+        repl.expect_exact("15")
+        repl.expect_exact(PROMPT)
+        repl.sendline("%download made.txt back.txt")
+        repl.expect_exact("downloaded made.txt to back.txt (15 bytes)")
+        repl.expect_exact(PROMPT)
+        assert (tmp_path / "back.txt").read_text() == "made made made "
+
+        # An error is shown, and the prompt comes back.
+        repl.sendline("1 / 0")
+        repl.expect_exact("ZeroDivisionError: division by zero")
+        repl.expect_exact(PROMPT)
+
+        repl.sendeof()
+        repl.expect(r"closed session [0-9a-f]{32}")
+        repl.expect(pexpect.EOF)
+    finally:
+        repl.close(force=True)
+    assert repl.exitstatus == 0
+    assert api.server.manager.list(TOKEN) == []
+    history = (tmp_path / "history").read_text()
+    assert "double(21)" in history and "%upload local.txt inside/remote.txt" in history
+
+
+def test_repl_attaches_to_an_existing_session_and_leaves_it_open(url, environment, tmp_path, api):
+    made = cloche("run", "-", "--keep", *connect(url), env=environment, stdin="earlier = 'kept'")
+    session_id = made.stderr.split()[-1]
+    repl, attached = spawn_repl(url, environment, "--session", session_id, cwd=tmp_path)
+    try:
+        assert attached == session_id
+        repl.sendline("earlier")
+        repl.expect_exact("'kept'")
+        repl.expect_exact(PROMPT)
+        repl.sendline("%session")
+        repl.expect_exact(session_id)
+        repl.sendeof()
+        repl.expect_exact(f"cloche repl --session {session_id}")
+        repl.expect(pexpect.EOF)
+    finally:
+        repl.close(force=True)
+    assert repl.exitstatus == 0
+    assert [info.id for info in api.server.manager.list(TOKEN)] == [session_id]
+    assert cloche("sessions", "close", session_id, *connect(url), env=environment).returncode == 0
