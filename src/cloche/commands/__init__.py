@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloche.commands import agents, repl, rlm, run, sessions
+from cloche.commands import agents, bench, repl, rlm, run, sessions
 
 
 def add_commands(subparsers: Any) -> None:
     """Register the client commands on the `cloche` parser's subparsers."""
-    for module in (run, repl, rlm, sessions, agents):
+    for module in (run, repl, rlm, sessions, agents, bench):
         module.add(subparsers)

@@ -77,14 +77,12 @@ class Kernel:
         self.output_limit = output_limit
         self.capture.begin_cell(output_limit)
         started = time.perf_counter()
-        cpu_started = time.process_time()
         outcome = self.executor.run(code, self._set_in_cell, silent=silent)
         try:
             self.figures.flush()  # after a preload, this takes over pyplot.show()
         except BaseException:  # noqa: S110  # rendering is best effort
             pass
         duration_ms = (time.perf_counter() - started) * 1000
-        cpu_ms = (time.process_time() - cpu_started) * 1000
         reply: dict[str, Any] = {
             "op": "done",
             "status": "ok",
@@ -92,7 +90,6 @@ class Kernel:
             "error": None,
             "execution_count": self.executor.execution_count,
             "duration_ms": duration_ms,
-            "cpu_ms": cpu_ms,
         }
         try:
             if outcome.exception is not None:
@@ -106,6 +103,7 @@ class Kernel:
             reply["error"] = format_error(exc)
         reply["dropped_bytes"] = self.capture.end_cell()
         self.channel.send(reply)
+        self.capture.repair()
 
     def _result(self, value: Any) -> dict[str, Any]:
         result: dict[str, Any] = {"data": mime_bundle(value, self.output_limit)}

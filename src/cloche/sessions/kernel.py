@@ -309,7 +309,6 @@ class KernelClient:
         result.result = _result(message.get("result")) if status == "ok" else None
         result.execution_count = _number(message.get("execution_count"), int)
         result.duration_ms = _number(message.get("duration_ms"), float)
-        result.cpu_ms = _number(message.get("cpu_ms"), float)
         result.dropped_bytes += _number(message.get("dropped_bytes"), int)
         result.status = CellStatus.ERROR if status == "error" else CellStatus.OK
         if result.error is not None:

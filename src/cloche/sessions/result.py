@@ -29,7 +29,6 @@ class CellResult:
     message: str | None = None  # what cloche says about a limit hit or a lost sandbox
     execution_count: int = 0
     duration_ms: float = 0.0
-    cpu_ms: float | None = None
     dropped_bytes: int = 0  # output beyond the per-cell limit
     files: list[str] = field(default_factory=list)  # created or changed (when tracked)
 
