@@ -111,18 +111,15 @@ class MCPEndpoint:
                 scope, receive, send
             )
             return
-        status: int | None = None
+        ending = connection_key(request.headers, token) if scope["method"] == "DELETE" else None
 
-        async def watched(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
+        async def answer(message: Message) -> None:
+            # The client ended its MCP session: close its cloche session before saying so.
+            if ending and message["type"] == "http.response.start" and message["status"] < 300:
+                await self.sessions.close(ending)
             await send(message)
 
-        await self.manager.handle_request(scope, self._until_stopped(receive), watched)
-        key = connection_key(request.headers, token)
-        if scope["method"] == "DELETE" and status is not None and status < 300 and key:
-            await self.sessions.close(key)
+        await self.manager.handle_request(scope, self._until_stopped(receive), answer)
 
     def _until_stopped(self, receive: Receive) -> Callable[[], Any]:
         """receive(), but a disconnect once the server stops: open streams end, so uvicorn

@@ -1,0 +1,265 @@
+"""The MCP server through the `mcp` SDK's own client: `cloche mcp` over stdio, and the
+streamable HTTP transport at /mcp, against a real gVisor server with a token."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, ImageContent, TextContent
+
+from cloche.errors import SessionNotFound
+from support import ServerThread, make_config, require_gvisor
+
+CLOCHE = Path(sys.executable).parent / "cloche"
+TOKEN = "mcp-token"
+TOOLS = {
+    "run_python",
+    "create_session",
+    "close_session",
+    "list_sessions",
+    "upload_file",
+    "download_file",
+}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PLOT = (
+    "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+    "plt.plot([1, 3, 2])\nplt.title('from cloche')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    require_gvisor()
+    state = tmp_path_factory.mktemp("mcp-state")
+    with ServerThread(make_config(state, tokens=frozenset({TOKEN}), pool_size=2)) as running:
+        yield running
+
+
+@pytest.fixture
+def url(api: ServerThread) -> Iterator[str]:
+    yield f"http://127.0.0.1:{api.http_port}"
+    assert api.server.manager.list(TOKEN) == [], "a session outlived its MCP connection"
+
+
+@asynccontextmanager
+async def over_stdio(url: str) -> AsyncIterator[Client]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLOCHE_")}
+    params = StdioServerParameters(
+        command=str(CLOCHE), args=["mcp", "--url", url, "--token", TOKEN], env=env
+    )
+    async with Client(params) as client:
+        yield client
+
+
+@asynccontextmanager
+async def over_http(
+    url: str, mode: str = "auto", token: str | None = TOKEN
+) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+        transport = streamable_http_client(f"{url}/mcp", http_client=http)
+        async with Client(transport, mode=mode) as client:
+            yield client
+
+
+CONNECTIONS = {
+    "stdio": lambda url: over_stdio(url),
+    "http": lambda url: over_http(url, mode="legacy"),
+}
+
+
+def text_of(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+async def run(client: Client, code: str, **arguments: Any) -> CallToolResult:
+    return await client.call_tool("run_python", {"code": code, **arguments})
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http", "http-2026"])
+async def test_the_tools_are_listed(url, transport):
+    connect = over_http(url) if transport == "http-2026" else CONNECTIONS[transport](url)
+    async with connect as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(listed) == TOOLS
+    schema = listed["run_python"].input_schema
+    assert schema["required"] == ["code"]
+    assert {"code", "session_id"} <= set(schema["properties"])
+    assert "persist" in (listed["run_python"].description or "")
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_state_persists_in_the_connections_own_session(url, api, transport):
+    async with CONNECTIONS[transport](url) as client:
+        first = await run(client, "import math\nradius = 3\nprint('set')")
+        assert not first.is_error, text_of(first)
+        assert "set" in text_of(first)
+        second = await run(client, "round(math.pi * radius ** 2, 2)")
+        assert not second.is_error
+        assert second.structured_content is not None
+        assert second.structured_content["result"] == "28.27"
+        assert second.structured_content["session_id"] == first.structured_content["session_id"]
+        assert "28.27" in text_of(second)
+        (session,) = api.server.manager.list(TOKEN)
+        assert session.id == second.structured_content["session_id"]
+    # The connection ended: so did its session (checked by the `url` fixture).
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_matplotlib_plot_comes_back_as_an_image(url, transport):
+    async with CONNECTIONS[transport](url) as client:
+        result = await run(client, PLOT + "print('drawn')")
+        assert not result.is_error, text_of(result)
+        images = [block for block in result.content if isinstance(block, ImageContent)]
+        assert len(images) == 1
+        assert images[0].mime_type == "image/png"
+        assert base64.b64decode(images[0].data).startswith(PNG_MAGIC)
+        assert "drawn" in text_of(result) and "<Figure" in text_of(result)
+
+
+async def test_an_exception_is_reported_to_the_model(url):
+    async with over_stdio(url) as client:
+        await run(client, "kept = 'yes'")
+        result = await run(client, "def f():\n    return 1 / 0\nf()")
+        assert result.is_error
+        assert "ZeroDivisionError: division by zero" in text_of(result)
+        assert "return 1 / 0" in text_of(result)
+        assert result.structured_content is not None
+        assert result.structured_content["error"]["ename"] == "ZeroDivisionError"
+        assert text_of(await run(client, "kept")).endswith("'yes'")
+
+
+async def test_each_connection_gets_its_own_session(url, api):
+    async with over_http(url, mode="legacy") as one, over_http(url, mode="legacy") as two:
+        await run(one, "who = 'one'")
+        await run(two, "who = 'two'")
+        assert (await run(one, "who")).structured_content["result"] == "'one'"
+        assert (await run(two, "who")).structured_content["result"] == "'two'"
+        listed = await one.call_tool("list_sessions", {})
+        rows = listed.structured_content["sessions"]
+        assert len(rows) == 2
+        assert sum(row["this_connection"] for row in rows) == 1
+    assert api.server.manager.list(TOKEN) == []
+
+
+async def test_named_sessions_outlive_calls_and_are_closed_by_name(url, api):
+    async with over_stdio(url) as client:
+        created = await client.call_tool("create_session", {"profile": "lean"})
+        session_id = created.structured_content["session_id"]
+        await run(client, "named = 41", session_id=session_id)
+        assert (await run(client, "named + 1", session_id=session_id)).structured_content[
+            "result"
+        ] == "42"
+        own = await run(client, "'named' in globals()")  # the connection's own session
+        assert own.structured_content["result"] == "False"
+        assert own.structured_content["session_id"] != session_id
+        closed = await client.call_tool("close_session", {"session_id": session_id})
+        assert not closed.is_error
+        gone = await run(client, "1", session_id=session_id)
+        assert gone.is_error and "not found" in text_of(gone)
+
+
+async def test_files_go_up_and_come_down(url):
+    async with over_stdio(url) as client:
+        up = await client.call_tool("upload_file", {"path": "in/data.csv", "content": "a,b\n1,2\n"})
+        assert not up.is_error, text_of(up)
+        binary = bytes(range(256))
+        await client.call_tool(
+            "upload_file",
+            {"path": "blob.bin", "content": base64.b64encode(binary).decode(), "is_base64": True},
+        )
+        result = await run(
+            client,
+            PLOT
+            + "plt.savefig('plot.png')\n"
+            + "(open('in/data.csv').read().count(','), len(open('blob.bin', 'rb').read()))",
+        )
+        assert result.structured_content["result"] == "(2, 256)"
+        text = await client.call_tool("download_file", {"path": "in/data.csv"})
+        assert text_of(text) == "a,b\n1,2\n"
+        raw = await client.call_tool("download_file", {"path": "blob.bin"})
+        assert base64.b64encode(binary).decode() in text_of(raw)
+        picture = await client.call_tool("download_file", {"path": "plot.png"})
+        (image,) = [block for block in picture.content if isinstance(block, ImageContent)]
+        assert base64.b64decode(image.data).startswith(PNG_MAGIC)
+        missing = await client.call_tool("download_file", {"path": "nothing.txt"})
+        assert missing.is_error and "nothing.txt" in text_of(missing)
+
+
+async def test_the_2026_protocol_has_no_connections_so_state_needs_a_named_session(url, api):
+    async with over_http(url) as client:
+        assert client.protocol_version == "2026-07-28"
+        oneoff = await run(client, "x = 1")
+        assert "one-off session" in text_of(oneoff) and "create_session" in text_of(oneoff)
+        assert api.server.manager.list(TOKEN) == []  # it was closed at once
+        created = await client.call_tool("create_session", {})
+        session_id = created.structured_content["session_id"]
+        await run(client, "x = 1", session_id=session_id)
+        assert (await run(client, "x + 1", session_id=session_id)).structured_content[
+            "result"
+        ] == "2"
+        await client.call_tool("close_session", {"session_id": session_id})
+
+
+def test_mcp_over_http_needs_the_token(url):
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"},
+        },
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        refused = http.post("/mcp", json=initialize, headers=headers)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "unauthorized"
+        wrong = http.post(
+            "/mcp", json=initialize, headers={**headers, "Authorization": "Bearer nope"}
+        )
+        assert wrong.status_code == 401
+        accepted = http.post(
+            "/mcp", json=initialize, headers={**headers, "Authorization": f"Bearer {TOKEN}"}
+        )
+        assert accepted.status_code == 200, accepted.text
+        session = accepted.headers["mcp-session-id"]
+        ended = http.delete(
+            "/mcp",
+            headers={"Authorization": f"Bearer {TOKEN}", "mcp-session-id": session},
+        )
+        assert ended.status_code < 300, ended.text
+
+
+async def test_sessions_made_over_mcp_belong_to_the_token(url, api):
+    async with over_http(url, mode="legacy") as client:
+        result = await run(client, "1 + 1")
+        session_id = result.structured_content["session_id"]
+        assert [s.id for s in api.server.manager.list(TOKEN)] == [session_id]
+        with pytest.raises(SessionNotFound):
+            api.server.manager.get(session_id, "another-token")
+
+
+async def test_a_connected_client_does_not_hold_up_the_servers_shutdown(make_server):
+    server = make_server(pool_size=1)
+    async with over_http(f"http://127.0.0.1:{server.http_port}", mode="legacy") as client:
+        assert not (await run(client, "1 + 1")).is_error
+        begun = time.monotonic()
+        await asyncio.to_thread(server.stop)  # its MCP streams are still open
+        assert time.monotonic() - begun < 30
+        assert server.server.manager.list(None) == []
