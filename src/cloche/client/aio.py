@@ -191,7 +191,7 @@ class AsyncClient:
 
         Args:
             profile: `lean` (nothing preloaded) or `data` (numpy, pandas, matplotlib, scipy
-                and sympy imported).
+                and sympy preloaded: importing them costs nothing).
             timeout: default time limit of its cells, s (at most the server's --cell-timeout).
             env: environment variables to set in it.
             files: files to put in its working directory first, by path.

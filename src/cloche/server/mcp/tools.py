@@ -243,7 +243,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             Literal["lean", "data"],
             Field(
                 description="lean: nothing preloaded; data: numpy, pandas, matplotlib, "
-                "scipy and sympy already imported"
+                "scipy and sympy preloaded, so importing them is instant"
             ),
         ] = "lean",
     ) -> CallToolResult:
