@@ -72,6 +72,11 @@ class HTTPFrontEnd:
     def __init__(self, manager: SessionManager, config: ServerConfig, metrics: Metrics) -> None:
         self.app = create_app(manager, config, metrics)
         self.sock = socket.create_server((config.host, config.http_port))
+        # Accepted connections inherit this (Linux). asyncio would set it on each, but skips
+        # sockets whose proto is 0, as create_server's are; without it, uvicorn's headers
+        # and body go out as two writes, and Nagle holds the body ~40 ms for the client's
+        # delayed ACK, on every request of a kept-alive connection.
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.port: int = self.sock.getsockname()[1]
         uvicorn_config = uvicorn.Config(
             self.app,
