@@ -26,41 +26,17 @@ from urllib.parse import quote
 import httpx
 
 from cloche.client import _sse
+from cloche.client._errors import ANSWER_MARGIN_S, error_for, translated
+from cloche.client._errors import refusal as refusal_of
 from cloche.client.execution import Execution, Result, execution_from_json
-from cloche.errors import (
-    ClocheError,
-    InvalidRequest,
-    KernelDied,
-    LLMBudgetExceeded,
-    LLMError,
-    LLMUnavailable,
-    PathNotFound,
-    PathRefused,
-    RequestTimeout,
-    RequestTooLarge,
-    SandboxError,
-    ServerUnreachable,
-    SessionBusy,
-    SessionNotFound,
-    TooManySessions,
-    Unauthorized,
-    UnexpectedResponse,
-)
+from cloche.errors import ClocheError, SessionNotFound, UnexpectedResponse
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-# How long past a cell's own time limit to wait for its answer: the server's interrupt
-# grace, a kill, and the trip back.
-ANSWER_MARGIN_S = 30.0
 
 OutputCallback = Callable[[str], Any]  # called with each chunk of stdout or stderr
 DisplayCallback = Callable[[Result], Any]  # called with each display()ed bundle or figure
 FileData = bytes | str  # str is written as UTF-8
 RLM_TIMEOUT_S = 3600.0  # how long session.rlm() waits for its answer, by default
-_LLM_ERRORS: dict[str, type[LLMError]] = {
-    "llm_unavailable": LLMUnavailable,
-    "llm_budget": LLMBudgetExceeded,
-    "llm_error": LLMError,
-}
 
 
 def default_url() -> str:
@@ -138,12 +114,6 @@ async def _file_chunks(path: str) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         file.close()
-
-
-def _with_message(exc: ClocheError, message: str) -> ClocheError:
-    """The server already worded the message: keep it, whatever the class's own wording."""
-    exc.args = (message,)
-    return exc
 
 
 class AsyncClient:
@@ -299,42 +269,11 @@ class AsyncClient:
         **kwargs: Any,
     ) -> httpx.Response:
         """One request; a refusal or a failure raised as the tree's exception."""
-        async with self._translated():
+        async with translated(self.url, self.timeout_s):
             response = await self._http.request(method, path, **kwargs)
         if response.is_success:
             return response
         raise self._error(response, session_id=session_id, file_path=file_path)
-
-    @contextlib.asynccontextmanager
-    async def _translated(self, timeout_s: float | None = None) -> AsyncIterator[None]:
-        """httpx's transport errors as the tree's ClientErrors."""
-        try:
-            yield
-        except httpx.TimeoutException as exc:
-            if timeout_s is None:
-                advice = (
-                    f"within {self.timeout_s:g} s; wait longer with timeout_s= "
-                    "(--request-timeout or CLOCHE_REQUEST_TIMEOUT on the command line)"
-                )
-            else:
-                advice = (
-                    f"within the cell's time limit plus {ANSWER_MARGIN_S:g} s ({timeout_s:g} s); "
-                    "the server may be overloaded, or its sandbox stuck"
-                )
-            raise RequestTimeout(
-                f"no answer from the cloche server at {self.url} {advice} ({type(exc).__name__})"
-            ) from exc
-        except httpx.ConnectError as exc:
-            raise ServerUnreachable(
-                f"can't reach a cloche server at {self.url} ({exc}); start one with "
-                "`cloche serve`, or point the client at it with url= (--url on the command "
-                "line, or CLOCHE_URL)"
-            ) from exc
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(
-                f"the connection to the cloche server at {self.url} failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
 
     def _error(
         self,
@@ -343,43 +282,9 @@ class AsyncClient:
         session_id: str | None = None,
         file_path: str | None = None,
     ) -> ClocheError:
-        """The exception for an error answer, worded by the server where it can be."""
-        status = response.status_code
-        try:
-            detail = response.json()["error"]
-            kind, message = str(detail["type"]), str(detail["message"])
-        except (ValueError, KeyError, TypeError):
-            return UnexpectedResponse(
-                f"{response.request.method} {response.request.url} answered HTTP {status} "
-                "with something that is not the cloche API; is the URL (url=, --url, "
-                "CLOCHE_URL) the server's HTTP port?",
-                status,
-            )
-        if status == 401:
-            if self.token:
-                advice = "the token was refused: check token= (--token, CLOCHE_TOKEN)"
-            else:
-                advice = "this server needs a token: pass token= (--token, or CLOCHE_TOKEN)"
-            return Unauthorized(f"{advice} [{self.url}: {message}]")
-        if status == 404 and kind == "not_found":
-            if session_id is not None and message.startswith("Session "):
-                return SessionNotFound(session_id)
-            if file_path is not None:
-                return _with_message(PathNotFound(file_path), message)
-        if status == 400 and kind == "path_refused":
-            return _with_message(PathRefused(file_path or "", message), message)
-        if kind in _LLM_ERRORS:
-            return _LLM_ERRORS[kind](message)
-        table: dict[int, type[ClocheError]] = {
-            400: InvalidRequest,
-            409: SessionBusy,
-            413: RequestTooLarge,
-            429: TooManySessions,
-            503: SandboxError,
-        }
-        if status in table:
-            return table[status](message)
-        return UnexpectedResponse(f"HTTP {status} from {self.url} ({kind}): {message}", status)
+        return error_for(
+            response, url=self.url, token=self.token, session_id=session_id, file_path=file_path
+        )
 
 
 class AsyncSession:
@@ -438,10 +343,10 @@ class AsyncSession:
         if timeout is not None:
             body["timeout"] = timeout
         wait_s = (timeout or self.info.cell_timeout_s) + ANSWER_MARGIN_S
-        refusal: dict[str, Any] | None = None
+        refused: dict[str, Any] | None = None
         done: dict[str, Any] | None = None
         async with (
-            self.client._translated(wait_s),
+            translated(self.client.url, self.client.timeout_s, wait_s),
             self.client._http.stream(
                 "POST",
                 f"{self._path}/execute",
@@ -461,10 +366,10 @@ class AsyncSession:
                 elif event == "display":
                     await _call(on_display, Result(dict(data)))
                 elif event == "error":
-                    refusal = data
+                    refused = data
                 elif event == "done":
                     if data is None:  # the server could not run the cell at all
-                        raise self._refused(refusal)
+                        raise refusal_of(refused, self.id)
                     done = data  # the stream ends here: read to its end, leave nothing open
         if done is not None:
             return execution_from_json(done, session_id=self.id)
@@ -472,17 +377,6 @@ class AsyncSession:
             f"the answer to a cell of session {self.id} ended before the cell did; "
             f"the server at {self.client.url} may have stopped"
         )
-
-    def _refused(self, error: dict[str, Any] | None) -> ClocheError:
-        name = str((error or {}).get("ename", ""))
-        message = str((error or {}).get("evalue", "the server could not run the cell"))
-        if name == "SessionNotFound":
-            return SessionNotFound(self.id)
-        if name == "SessionBusy":
-            return SessionBusy(message)
-        if name == "KernelDied":
-            return KernelDied(message)
-        return SandboxError(f"{name}: {message}" if name else message)
 
     async def upload(self, path: str, data: FileData) -> None:
         """Write a file in the working directory (directories on the way are made).

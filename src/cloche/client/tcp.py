@@ -1,4 +1,4 @@
-"""A small blocking client for the REPL TCP protocol (the original server's wire format)."""
+"""A small blocking client for the original REPL TCP protocol (see the tcp-protocol spec)."""
 
 from __future__ import annotations
 
