@@ -6,8 +6,8 @@ plot it with matplotlib, and download the plot.
     python examples/data_analysis.py --csv mine.csv --column revenue --out plot.png
 
 The session uses the `data` profile: numpy, pandas and matplotlib are loaded before it
-starts, so importing them costs nothing. Each step is one cell; the session keeps `df` between them, as a notebook
-does. CLOCHE_URL and CLOCHE_TOKEN say where the cloche server is.
+starts, so importing them costs nothing. Each step is one cell; the session keeps `df`
+between them, as a notebook does. CLOCHE_URL and CLOCHE_TOKEN say where the cloche server is.
 """
 
 from __future__ import annotations

@@ -510,9 +510,9 @@ class AsyncSession:
         """End the session and its sandbox. Idempotent: an already ended one is fine."""
         if self.closed:
             return
-        self.closed = True
         with contextlib.suppress(SessionNotFound):
             await self.client.close_session(self.id)
+        self.closed = True
 
     async def __aenter__(self) -> AsyncSession:
         return self
