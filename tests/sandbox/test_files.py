@@ -529,3 +529,16 @@ def test_snapshot_maps_paths_to_size_and_mtime_ns(files: WorkdirFiles, root: Pat
 def test_changed_between_identical_snapshots_is_empty(files: WorkdirFiles) -> None:
     files.write("f", b"x")
     assert changed(files.snapshot(), files.snapshot()) == []
+
+
+def test_a_walk_records_how_many_entries_it_saw(files: WorkdirFiles, root: Path) -> None:
+    # Sessions walk small working directories on the event loop and big ones in a thread,
+    # by this count: directories count as well as files.
+    assert files.last_walk_entries == 0
+    files.write("a.txt", b"1")
+    files.write("sub/b.txt", b"2")
+    (root / "empty").mkdir()
+    files.snapshot()
+    assert files.last_walk_entries == 4  # a.txt, sub, sub/b.txt, empty
+    files.list(max_entries=2)
+    assert files.last_walk_entries == 3  # stopped at the third

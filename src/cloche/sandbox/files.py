@@ -139,6 +139,7 @@ class WorkdirFiles:
         self.uid = uid
         self.gid = gid
         self.max_file_bytes = max_file_bytes
+        self.last_walk_entries = 0  # directory entries the last list() or snapshot() saw
 
     def write(self, relative: str, data: bytes) -> None:
         """Create or replace a file, creating missing parent directories.
@@ -363,6 +364,7 @@ class WorkdirFiles:
         found: _Found = []
         truncated = False
         seen = 0
+        self.last_walk_entries = max_entries  # until this walk says otherwise
         root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         stack: list[tuple[int, str, _Entries]] = []
         try:
@@ -409,6 +411,7 @@ class WorkdirFiles:
             for fd, _, entries in stack:
                 entries.close()
                 os.close(fd)
+        self.last_walk_entries = seen
         found.sort(key=lambda item: item[0])
         return found, truncated
 

@@ -9,7 +9,13 @@ from fastapi import Request
 from cloche.errors import Unauthorized
 
 
-def owner_of(request: Request) -> str | None:
+async def owner_of(request: Request) -> str | None:
+    """The dependency behind every route: `bearer_owner`. (A plain `def` dependency would
+    run in a worker thread on every request; the hand-off costs more than the check.)"""
+    return bearer_owner(request)
+
+
+def bearer_owner(request: Request) -> str | None:
     """The caller's token (the owner of the sessions it makes), or None without tokens.
 
     Raises:

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cloche.client.aio import AsyncClient
 from cloche.config import ServerConfig
 from cloche.errors import Unauthorized
-from cloche.server.http.auth import owner_of
+from cloche.server.http.auth import bearer_owner
 from cloche.server.http.errors import error_response
 from cloche.server.mcp.tools import ConnectionSessions, build_server
 from cloche.server.mcp.tools import Scope as ToolScope
@@ -102,7 +102,7 @@ class MCPEndpoint:
             return
         request = Request(scope, receive)
         try:
-            token = owner_of(request)
+            token = bearer_owner(request)
         except Unauthorized as exc:
             await error_response(401, "unauthorized", str(exc), PATH)(scope, receive, send)
             return
