@@ -260,3 +260,34 @@ def test_the_client_thread_ends_with_the_client(url, token):
     client.close()
     assert not thread.is_alive()
     client.close()  # again: idempotent
+
+
+def test_a_cell_still_waiting_when_its_session_closes_raises(client, token, api_server):
+    session = client.create_session()
+    started = threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, code: str) -> None:
+        try:
+            outcomes[name] = session.run(code, on_stdout=lambda text: started.set())
+        except cloche.ClocheError as exc:
+            outcomes[name] = exc
+
+    first = threading.Thread(
+        target=run, args=("first", "import time\nprint('busy', flush=True)\ntime.sleep(30)")
+    )
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=run, args=("second", "'never runs'"))
+    second.start()
+    deadline = time.monotonic() + 30
+    while api_server.server.manager.get(session.id, token).queued_cells < 1:
+        assert time.monotonic() < deadline, "the second cell never queued"
+        time.sleep(0.01)
+    session.close()
+    first.join(30)
+    second.join(30)
+    assert isinstance(outcomes["first"], cloche.Execution)
+    assert outcomes["first"].status in ("interrupted", "killed")
+    assert isinstance(outcomes["second"], cloche.SessionNotFound), outcomes["second"]
+    assert str(outcomes["second"]) == f"Session {session.id} not found"

@@ -131,7 +131,7 @@ def error_for(
     return UnexpectedResponse(f"HTTP {status} from {url} ({kind}): {message}", status)
 
 
-def refusal(error: dict[str, Any] | None, session_id: str) -> ClocheError:
+def cell_refusal(error: dict[str, Any] | None, session_id: str) -> ClocheError:
     """Why the server could not run a cell at all (its stream's error event)."""
     name = str((error or {}).get("ename", ""))
     message = str((error or {}).get("evalue", "the server could not run the cell"))

@@ -26,8 +26,7 @@ from urllib.parse import quote
 import httpx
 
 from cloche.client import _sse
-from cloche.client._errors import ANSWER_MARGIN_S, error_for, translated
-from cloche.client._errors import refusal as refusal_of
+from cloche.client._errors import ANSWER_MARGIN_S, cell_refusal, error_for, translated
 from cloche.client.execution import Execution, Result, execution_from_json
 from cloche.errors import ClocheError, SessionNotFound, UnexpectedResponse
 
@@ -343,7 +342,7 @@ class AsyncSession:
         if timeout is not None:
             body["timeout"] = timeout
         wait_s = (timeout or self.info.cell_timeout_s) + ANSWER_MARGIN_S
-        refused: dict[str, Any] | None = None
+        error: dict[str, Any] | None = None
         done: dict[str, Any] | None = None
         async with (
             translated(self.client.url, self.client.timeout_s, wait_s),
@@ -366,13 +365,13 @@ class AsyncSession:
                 elif event == "display":
                     await _call(on_display, Result(dict(data)))
                 elif event == "error":
-                    refused = data
-                elif event == "done":
-                    if data is None:  # the server could not run the cell at all
-                        raise refusal_of(refused, self.id)
+                    error = data  # the code's exception, or why the server could not run it
+                elif event == "done" and data is not None:
                     done = data  # the stream ends here: read to its end, leave nothing open
         if done is not None:
             return execution_from_json(done, session_id=self.id)
+        if error is not None:  # an error and no result: the cell was refused, never ran
+            raise cell_refusal(error, self.id)
         raise UnexpectedResponse(
             f"the answer to a cell of session {self.id} ended before the cell did; "
             f"the server at {self.client.url} may have stopped"
