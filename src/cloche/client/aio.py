@@ -370,7 +370,7 @@ class AsyncSession:
                     done = data  # the stream ends here: read to its end, leave nothing open
         if done is not None:
             return execution_from_json(done, session_id=self.id)
-        if error is not None:  # an error and no result: the cell was refused, never ran
+        if error is not None and not error.get("traceback"):  # refused: it never ran
             raise cell_refusal(error, self.id)
         raise UnexpectedResponse(
             f"the answer to a cell of session {self.id} ended before the cell did; "
