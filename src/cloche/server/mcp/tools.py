@@ -63,11 +63,11 @@ class ConnectionSessions:
 
     def __init__(self) -> None:
         self._sessions: dict[str, AsyncSession] = {}
-        self._lock = asyncio.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}  # one per connection: its first calls race
 
     async def get(self, client: AsyncClient, key: str) -> tuple[AsyncSession, str | None]:
         """The connection's session, and a note when it had to be replaced."""
-        async with self._lock:
+        async with self._locks.setdefault(key, asyncio.Lock()):
             note = None
             session = self._sessions.get(key)
             if session is not None:
@@ -95,6 +95,7 @@ class ConnectionSessions:
 
     async def close(self, key: str) -> None:
         """The connection ended: close its session."""
+        self._locks.pop(key, None)
         session = self._sessions.pop(key, None)
         if session is not None:
             log.info("MCP connection %s ended: closing session %s", key, session.id)
