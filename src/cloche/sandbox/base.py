@@ -68,6 +68,9 @@ class Sandbox(abc.ABC):
     def started(self) -> None:  # noqa: B027  # optional hook
         """Called once the kernel said it is ready (blocking; call from a thread)."""
 
+    def serving(self) -> None:  # noqa: B027  # optional hook
+        """Called when a session takes the sandbox: from now on its cells are waited for."""
+
     @property
     def stdin(self) -> IO[bytes]:
         assert self.process is not None and self.process.stdin is not None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cloche.config import MIB, Limits
+from cloche.sandbox import cgroups
 
 SANDBOX_UID = 10001  # no account on the host; files land on the host with this uid
 SANDBOX_GID = 10001
@@ -86,8 +87,12 @@ def oci_config(
         "memory": {"limit": limits.cgroup_memory_mib * MIB},
         "pids": {"limit": limits.pids_cgroup},
     }
+    # A sandbox starts with a small CPU weight, so that warming the pool (a runsc start, a
+    # profile's imports) yields to the cells of sandboxes in use; it gets the usual weight
+    # once a session takes it (`cgroups.set_cpu_shares`).
+    resources["cpu"] = {"shares": cgroups.STARTING_CPU_SHARES}
     if limits.cpu_quota:
-        resources["cpu"] = {"period": 100_000, "quota": int(limits.cpu_quota * 100_000)}
+        resources["cpu"] |= {"period": 100_000, "quota": int(limits.cpu_quota * 100_000)}
 
     def rlimit(kind: str, value: int) -> dict[str, Any]:
         return {"type": kind, "hard": value, "soft": value}

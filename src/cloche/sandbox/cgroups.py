@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+STARTING_CPU_SHARES = 64  # while a sandbox starts and waits in the pool
+SERVING_CPU_SHARES = 1024  # the kernel's default, once a session has it
 
 
 def cgroups_path(instance: str, sandbox_id: str) -> str:
@@ -44,3 +46,19 @@ def remove_if_empty(relative: str) -> None:
             os.rmdir(root / relative.strip("/"))
         except OSError:
             pass
+
+
+def set_cpu_shares(relative: str, shares: int) -> bool:
+    """Give a cgroup a CPU weight (v1 cpu.shares, or v2 cpu.weight); False if it has none."""
+    relative = relative.strip("/")
+    for root in _hierarchies():
+        for name, value in (
+            ("cpu.shares", shares),
+            ("cpu.weight", 1 + (max(shares, 2) - 2) * 9999 // 262142),  # runc's mapping
+        ):
+            try:
+                (root / relative / name).write_text(f"{value}\n")
+                return True
+            except OSError:
+                continue
+    return False

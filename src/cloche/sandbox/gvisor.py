@@ -208,6 +208,11 @@ class GVisorSandbox(Sandbox):
         else:
             self.runsc.kill(self.id, "INT")
 
+    def serving(self) -> None:
+        path = cgroups.cgroups_path(self.backend.state.instance, self.id)
+        if not cgroups.set_cpu_shares(path, cgroups.SERVING_CPU_SHARES):
+            log.warning("sandbox %s: no CPU weight to raise in cgroup %s", self.id, path)
+
     def kill(self) -> None:
         if not self.runsc.kill(self.id, "KILL") and self.process is not None:
             self.process.kill()

@@ -86,12 +86,15 @@ class WarmPool:
             self._wanted.set()
             if kernel.alive:
                 self.hits += 1
+                kernel.sandbox.serving()
                 return kernel
             log.warning("pooled sandbox %s died while waiting: %s", kernel.id, kernel.death)
             await kernel.close()
         self.misses += 1
         self._wanted.set()
-        return await self._start_with_retries()
+        kernel = await self._start_with_retries()
+        kernel.sandbox.serving()
+        return kernel
 
     async def _start_with_retries(self) -> KernelClient:
         error: Exception | None = None

@@ -1,0 +1,43 @@
+"""Warming the pool yields the CPU to sessions: a sandbox gets the usual CPU weight only
+when a session takes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloche.sandbox import cgroups
+
+
+def cpu_shares(instance: str, sandbox_id: str) -> int:
+    relative = cgroups.cgroups_path(instance, sandbox_id).strip("/")
+    for name in ("cpu", "cpu,cpuacct"):
+        path = Path("/sys/fs/cgroup") / name / relative / "cpu.shares"
+        if path.exists():
+            return int(path.read_text())
+    pytest.skip("no cgroup v1 cpu controller on this machine")
+
+
+def test_pooled_sandboxes_wait_with_a_small_cpu_weight_and_sessions_get_the_usual(make_server):
+    server = make_server(pool_size=1)
+    manager = server.server.manager
+    instance = server.server.backend.state.instance
+    server.call(manager.pool.wait_full())
+    pooled = manager.pool._ready[0]
+    assert cpu_shares(instance, pooled.id) == cgroups.STARTING_CPU_SHARES
+
+    info = server.call(manager.create())
+    taken = manager._sessions[info.id].kernel
+    assert taken is pooled  # a pool hit
+    assert cpu_shares(instance, taken.id) == cgroups.SERVING_CPU_SHARES
+    server.call(manager.close(info.id))
+
+
+def test_a_sandbox_started_for_a_waiting_session_gets_the_usual_weight(make_server):
+    server = make_server(pool_size=0)
+    manager = server.server.manager
+    info = server.call(manager.create())
+    kernel = manager._sessions[info.id].kernel
+    assert cpu_shares(server.server.backend.state.instance, kernel.id) == 1024
+    server.call(manager.close(info.id))
