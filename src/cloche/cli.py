@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import logging.handlers
 import os
+import queue
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -309,17 +311,24 @@ def _llm_config(args: argparse.Namespace) -> LLMConfig | None:
 def _serve(args: argparse.Namespace) -> int:
     from cloche.server.app import Server
 
+    # Log lines are written by a thread of their own: a line per cell is a write(2), which
+    # the event loop shouldn't wait for between cells.
+    output = logging.StreamHandler(sys.stderr)
+    output.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    writer = logging.handlers.QueueListener(lines, output)
     logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+        level=args.log_level.upper(), handlers=[logging.handlers.QueueHandler(lines)]
     )
+    writer.start()
     try:
         config = config_from_args(args)
         asyncio.run(Server(config).serve_forever())
     except ConfigError as exc:
         print(f"cloche serve: {exc}", file=sys.stderr)
         return 2
+    finally:
+        writer.stop()  # every line queued so far is written
     return 0
 
 
