@@ -1,4 +1,4 @@
-"""The client commands of the `cloche` CLI: run, repl, sessions, tool-schema, mcp.
+"""The client commands of the `cloche` CLI: run, repl, rlm, sessions, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
