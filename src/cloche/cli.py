@@ -317,9 +317,9 @@ def _serve(args: argparse.Namespace) -> int:
     output.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     writer = logging.handlers.QueueListener(lines, output)
-    logging.basicConfig(
-        level=args.log_level.upper(), handlers=[logging.handlers.QueueHandler(lines)]
-    )
+    queued = logging.handlers.QueueHandler(lines)
+    queued.setFormatter(logging.Formatter("%(message)s"))  # the listener's adds the rest
+    logging.basicConfig(level=args.log_level.upper(), handlers=[queued])
     writer.start()
     try:
         config = config_from_args(args)

@@ -72,12 +72,16 @@ class Runsc:
         return [*self.global_args(), "run", "--bundle", str(bundle), sandbox_id]
 
     def _call(self, *args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.binary, "--root", str(self.root), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        """Run a runsc command; one that outlives timeout_s is killed and reported as failed
+        (on a machine starting hundreds of sandboxes, even `runsc kill` can be that slow),
+        so that callers fall back as they do for any failure instead of raising."""
+        command = [self.binary, "--root", str(self.root), *args]
+        try:
+            return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(
+                command, -1, "", f"runsc {args[0]} did not finish within {timeout_s:g} s"
+            )
 
     def state(self, sandbox_id: str) -> dict[str, Any]:
         done = self._call("state", sandbox_id)
