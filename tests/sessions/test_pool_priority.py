@@ -3,6 +3,7 @@ when a session takes it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,13 @@ def test_pooled_sandboxes_wait_with_a_small_cpu_weight_and_sessions_get_the_usua
     server.call(manager.close(info.id))
 
 
-def test_a_sandbox_started_for_a_waiting_session_gets_the_usual_weight(make_server):
+def test_a_sandbox_started_for_a_waiting_session_starts_with_the_usual_weight(make_server):
     server = make_server(pool_size=0)
     manager = server.server.manager
     info = server.call(manager.create())
     kernel = manager._sessions[info.id].kernel
+    # It started at full weight (the bundle runsc got says so), not only got it afterwards.
+    bundle = json.loads((kernel.sandbox.home / "bundle" / "config.json").read_text())
+    assert bundle["linux"]["resources"]["cpu"]["shares"] == 1024
     assert cpu_shares(server.server.backend.state.instance, kernel.id) == 1024
     server.call(manager.close(info.id))

@@ -60,6 +60,7 @@ class Sandbox(abc.ABC):
         self.process: subprocess.Popen[bytes] | None = None
         self.exit_step: ExitStep | None = None
         self._cleaned = False
+        self.urgent = False  # a session waits for this start: no lowered CPU weight
 
     @abc.abstractmethod
     def launch(self) -> None:

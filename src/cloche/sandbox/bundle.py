@@ -60,6 +60,7 @@ def oci_config(
     mounts: list[Mount],
     limits: Limits,
     cgroups_path: str,
+    cpu_shares: int = cgroups.STARTING_CPU_SHARES,
 ) -> dict[str, Any]:
     """config.json for one sandbox, hardened as the security spec says."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
@@ -87,10 +88,10 @@ def oci_config(
         "memory": {"limit": limits.cgroup_memory_mib * MIB},
         "pids": {"limit": limits.pids_cgroup},
     }
-    # A sandbox starts with a small CPU weight, so that warming the pool (a runsc start, a
-    # profile's imports) yields to the cells of sandboxes in use; it gets the usual weight
-    # once a session takes it (`cgroups.set_cpu_shares`).
-    resources["cpu"] = {"shares": cgroups.STARTING_CPU_SHARES}
+    # A sandbox for the pool starts with a small CPU weight, so that warming the pool (a
+    # runsc start, a profile's imports) yields to the cells of sandboxes in use; it gets the
+    # usual weight once a session takes it (`cgroups.set_cpu_shares`).
+    resources["cpu"] = {"shares": cpu_shares}
     if limits.cpu_quota:
         resources["cpu"] |= {"period": 100_000, "quota": int(limits.cpu_quota * 100_000)}
 

@@ -177,6 +177,7 @@ class GVisorSandbox(Sandbox):
             mounts=backend.mounts,
             limits=self.limits,
             cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),
+            cpu_shares=cgroups.SERVING_CPU_SHARES if self.urgent else cgroups.STARTING_CPU_SHARES,
         )
         (bundle / "config.json").write_text(json.dumps(config))
         with open(self.home / "runsc.log", "wb") as stderr:

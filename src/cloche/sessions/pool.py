@@ -92,16 +92,16 @@ class WarmPool:
             await kernel.close()
         self.misses += 1
         self._wanted.set()
-        kernel = await self._start_with_retries()
+        kernel = await self._start_with_retries(urgent=True)
         kernel.sandbox.serving()
         return kernel
 
-    async def _start_with_retries(self) -> KernelClient:
+    async def _start_with_retries(self, *, urgent: bool = False) -> KernelClient:
         error: Exception | None = None
         for attempt in range(1, START_ATTEMPTS + 1):
-            kernel = KernelClient(
-                self.backend.create(self.limits), self.limits, self.max_frame_bytes
-            )
+            sandbox = self.backend.create(self.limits)
+            sandbox.urgent = urgent
+            kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)
             started = time.perf_counter()
             try:
                 await kernel.start()
