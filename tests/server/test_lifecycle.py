@@ -80,7 +80,7 @@ def test_sigterm_stops_cleanly_and_leaves_nothing(state_dir):
     assert any("reason=shutdown" in line and "exit=closed" in line for line in server.log)
     assert leftovers(state_dir, server.instance) == NOTHING_LEFT, "".join(server.log)
     # Every line (written by the log thread, to the end) has one timestamp, level and name.
-    line_shape = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ cloche[.\w]* \S")
+    line_shape = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+ \S")
     lines = [line for line in server.log if line.strip()]
     assert all(line_shape.match(line) for line in lines), lines[:5]
     assert not any(":cloche." in line for line in lines), "a line was formatted twice"
