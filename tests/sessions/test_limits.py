@@ -76,6 +76,19 @@ def test_output_beyond_the_limit_is_dropped_with_a_marker(tight):
         assert len(reply["output"]) < 10_100
 
 
+def test_a_huge_or_unencodable_last_value_is_shown_cut_and_the_session_survives(tight):
+    with tight.client() as c:
+        # A 20 MiB string (more than a frame may carry as JSON) and an int too long to print.
+        reply = c.run("s = 'x' * (20 << 20)\ns")
+        sid = reply["session_id"]
+        assert reply["status"] == "ok" and reply["cell_status"] == "ok", reply
+        assert reply["output"].startswith("'xxx") and len(reply["output"]) < 11_000
+        reply = c.run("n = 10 ** 5000\nn", sid)
+        # Its repr raises: the user's error, reported as such.
+        assert reply["status"] == "error" and "ValueError" in reply["error"], reply
+        assert c.run("len(s), n.bit_length()", sid)["output"] == "(20971520, 16610)\n"
+
+
 def test_process_limit_stops_a_fork_bomb_and_the_session_survives(tight):
     code = (
         "import os\n"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import _sitebuiltins
 import builtins
+import json
+import math
 import os
 import signal
 import time
@@ -108,9 +110,19 @@ class Kernel:
     def _result(self, value: Any) -> dict[str, Any]:
         result: dict[str, Any] = {"data": mime_bundle(value, self.output_limit)}
         native, json_value = as_json(value)
-        if native:
+        # The value as JSON goes along only within the output limit (a 20 MB string would
+        # make a frame the host must refuse), and only if it can be encoded at all (an int
+        # of more than 4300 digits can't).
+        if native and _json_size(json_value) <= self.output_limit:
             result["json"] = json_value
         return result
+
+
+def _json_size(value: Any) -> float:
+    try:
+        return len(json.dumps(value, ensure_ascii=False))
+    except (ValueError, RecursionError):
+        return math.inf
 
 
 def main() -> None:
