@@ -113,6 +113,13 @@ SERVE_OPTIONS = (
     ),
     _Option("--lifetime", float, _limits.lifetime_s, "seconds after which any session is closed"),
     _Option("--cpu-quota", float, None, "CPU cores per sandbox (cgroup quota); default unlimited"),
+    _Option(
+        "--freeze-idle",
+        float,
+        _limits.freeze_idle_s,
+        "seconds idle after which a session's sandbox is frozen (no CPU; thawed by its next "
+        "cell; its background threads pause too); 0 = never",
+    ),
     _Option("--max-frame-bytes", int, _config.max_frame_bytes, "largest request frame, bytes"),
     _Option("--max-connections", int, _config.max_connections, "open TCP connections at once"),
     _Option(
@@ -236,7 +243,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         idle_timeout_s=args.idle_timeout,
         lifetime_s=args.lifetime,
         cpu_quota=args.cpu_quota,
+        freeze_idle_s=args.freeze_idle,
     )
+    if not args.freeze_idle >= 0:  # NaN too
+        raise ConfigError(f"--freeze-idle must be 0 (never) or more, not {args.freeze_idle}")
     for name, flag in (
         ("cell_timeout_s", "--cell-timeout"),
         ("memory_mib", "--memory-mib"),

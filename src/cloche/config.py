@@ -24,6 +24,10 @@ class Limits:
     lifetime_s: float = 24 * 3600.0
     pids_cgroup: int = 512  # host-side backstop; gVisor's own threads count too
     cpu_quota: float | None = None  # cores; None = unlimited
+    # Seconds a session may sit idle before its sandbox is frozen (cgroup freezer): an idle
+    # runsc sandbox burns 2-3% of a core; a frozen one nothing, and thaws in its next cell.
+    # Its background threads stop too while it is frozen, hence 0 (never) by default.
+    freeze_idle_s: float = 0.0
 
     @property
     def cgroup_memory_mib(self) -> int:

@@ -72,6 +72,14 @@ class Sandbox(abc.ABC):
     def serving(self) -> None:  # noqa: B027  # optional hook
         """Called when a session takes the sandbox: from now on its cells are waited for."""
 
+    def freeze(self) -> bool:
+        """Stop every process of the sandbox until `thaw` (an idle one costs no CPU then);
+        False when this backend can't."""
+        return False
+
+    def thaw(self) -> None:  # noqa: B027  # optional hook
+        """Let a frozen sandbox run again. Cheap when it isn't frozen."""
+
     @property
     def stdin(self) -> IO[bytes]:
         assert self.process is not None and self.process.stdin is not None

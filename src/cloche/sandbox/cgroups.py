@@ -62,3 +62,30 @@ def set_cpu_shares(relative: str, shares: int) -> bool:
             except OSError:
                 continue
     return False
+
+
+def set_frozen(relative: str, frozen: bool) -> bool:
+    """Freeze or thaw every process of a cgroup (v1 freezer.state, or v2 cgroup.freeze);
+    False if the machine has no freezer for it."""
+    relative = relative.strip("/")
+    for root in _hierarchies():
+        for name, value in (
+            ("freezer.state", "FROZEN" if frozen else "THAWED"),
+            ("cgroup.freeze", "1" if frozen else "0"),
+        ):
+            try:
+                (root / relative / name).write_text(f"{value}\n")
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def thaw_all(relative: str) -> None:
+    """Thaw a cgroup and every cgroup below it (frozen processes can't even be killed)."""
+    relative = relative.strip("/")
+    for root in _hierarchies():
+        top = root / relative
+        if top.is_dir():
+            for directory, _, _ in os.walk(top):
+                set_frozen(str(Path(directory).relative_to(root)), False)

@@ -16,6 +16,7 @@ from cloche.sandbox import cgroups, mounts
 from cloche.sandbox.base import (
     KERNEL_PACKAGE_DIR,
     Backend,
+    ExitStep,
     Sandbox,
     interrupt_pid,
     kernel_command,
@@ -118,6 +119,7 @@ class GVisorBackend(Backend):
         return GVisorSandbox(self, self.new_id(), limits)
 
     def clean_stale(self, instance_dir: Path) -> None:
+        cgroups.thaw_all(f"cloche/{instance_dir.name}")  # sessions frozen when it died
         if self.runsc is not None:
             stale = Runsc(self.runsc.binary, instance_dir / "runsc", self.runsc.platform)
             for sandbox_id in stale.list_ids():
@@ -144,6 +146,7 @@ class GVisorSandbox(Sandbox):
         self.home = backend.state.path / "sandboxes" / sandbox_id
         super().__init__(sandbox_id, self.home / "work", limits)
         self.sandbox_pid: int | None = None
+        self.frozen = False
         self.file_owner = (SANDBOX_UID, SANDBOX_GID)
         # The sandbox's process: the kernel (a benchmark may run something else).
         self.command = kernel_command(
@@ -203,7 +206,25 @@ class GVisorSandbox(Sandbox):
             return ""
         return text[-2000:]
 
+    def freeze(self) -> bool:
+        self.frozen = cgroups.set_frozen(self._cgroup, True)
+        return self.frozen
+
+    def thaw(self) -> None:
+        if self.frozen:
+            cgroups.set_frozen(self._cgroup, False)
+            self.frozen = False
+
+    @property
+    def _cgroup(self) -> str:
+        return cgroups.cgroups_path(self.backend.state.instance, self.id)
+
+    def close(self, grace_s: float = 2.0) -> ExitStep:
+        self.thaw()  # a frozen kernel could neither exit nor be killed
+        return super().close(grace_s)
+
     def interrupt(self) -> None:
+        self.thaw()
         if self.sandbox_pid is not None:
             interrupt_pid(self.sandbox_pid)
         else:
@@ -215,6 +236,7 @@ class GVisorSandbox(Sandbox):
             log.warning("sandbox %s: no CPU weight to raise in cgroup %s", self.id, path)
 
     def kill(self) -> None:
+        self.thaw()
         if not self.runsc.kill(self.id, "KILL") and self.process is not None:
             self.process.kill()
 

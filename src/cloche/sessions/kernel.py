@@ -156,6 +156,7 @@ class KernelClient:
         if not self.alive or self._writer is None:
             raise KernelDied(self.death or f"sandbox {self.id} is not running")
         assert self._cell is None, "one cell at a time: the session serialises cells"
+        self.sandbox.thaw()  # if the session sat idle long enough to be frozen
         limit = output_limit if output_limit is not None else self.limits.output_bytes
         cell = _Cell(timeout_s, limit, on_event)
         loop = asyncio.get_running_loop()

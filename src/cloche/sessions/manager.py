@@ -206,7 +206,12 @@ class LocalSessionManager(SessionManager):
         finally:
             self._creating -= 1
         session = Session(
-            new_session_id(), kernel, owner, self.config.max_queued_cells, profile=profile
+            new_session_id(),
+            kernel,
+            owner,
+            self.config.max_queued_cells,
+            profile=profile,
+            freeze_idle_s=self.config.limits.freeze_idle_s,
         )
         if self.llm is not None:
             from cloche.llm.bridge import KernelLLM

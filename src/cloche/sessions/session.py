@@ -55,6 +55,7 @@ class Session:
         max_queued: int,
         *,
         profile: str = "lean",
+        freeze_idle_s: float = 0.0,
     ) -> None:
         self.id = session_id
         self.profile = profile
@@ -72,6 +73,9 @@ class Session:
         self._max_queued = max_queued
         self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in FIFO order
         self._waiting = 0
+        self._freeze_idle_s = freeze_idle_s
+        self._freeze_timer: asyncio.TimerHandle | None = None
+        self._idle_from_now()
 
     def info(self) -> SessionInfo:
         return SessionInfo(
@@ -117,6 +121,7 @@ class Session:
         try:
             if not self.usable:
                 raise KernelDied(self.close_reason or self.kernel.death or "session closed")
+            self._cancel_freeze()
             self.state = SessionState.BUSY
             started = time.perf_counter()
             before = await self._snapshot() if track_files else None
@@ -139,6 +144,7 @@ class Session:
             if self.state is SessionState.BUSY:
                 self.state = SessionState.IDLE
             self._lock.release()
+            self._idle_from_now()
 
     async def _snapshot(self) -> Snapshot:
         """The working directory's files; walked right here when the last walk saw only a
@@ -146,6 +152,25 @@ class Session:
         if self.files.last_walk_entries <= _INLINE_WALK_ENTRIES:
             return self.files.snapshot()
         return await asyncio.to_thread(self.files.snapshot)
+
+    def _idle_from_now(self) -> None:
+        """(Re)start the clock after which an idle session's sandbox is frozen."""
+        if self._freeze_idle_s <= 0:
+            return
+        self._cancel_freeze()
+        self._freeze_timer = asyncio.get_running_loop().call_later(
+            self._freeze_idle_s, self._freeze_if_idle
+        )
+
+    def _cancel_freeze(self) -> None:
+        if self._freeze_timer is not None:
+            self._freeze_timer.cancel()
+            self._freeze_timer = None
+
+    def _freeze_if_idle(self) -> None:
+        self._freeze_timer = None
+        if self.state is SessionState.IDLE and not self._lock.locked() and self.usable:
+            self.kernel.sandbox.freeze()  # thawed by the next cell, interrupt or close
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -162,6 +187,7 @@ class Session:
         if self.close_reason is None:
             self.close_reason = f"session {self.id} was closed ({reason})"
         self.state = SessionState.CLOSING
+        self._cancel_freeze()
         self.kernel.interrupt()
         step = await self.kernel.close(why=self.close_reason)
         self.state = SessionState.CLOSED

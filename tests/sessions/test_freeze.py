@@ -1,0 +1,108 @@
+"""--freeze-idle: an idle session's sandbox is frozen (no CPU at all), and its next cell,
+interrupt or close thaws it with its state intact."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from cloche.config import Limits
+from cloche.sandbox import cgroups
+from support import NOTHING_LEFT, ServerProcess, leftovers, require_gvisor
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+def freezer_state(instance: str, sandbox_id: str) -> str:
+    path = FREEZER / cgroups.cgroups_path(instance, sandbox_id).strip("/") / "freezer.state"
+    if not path.exists():
+        pytest.skip("no cgroup v1 freezer on this machine")
+    return path.read_text().strip()
+
+
+def wait_for_state(instance: str, sandbox_id: str, wanted: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while freezer_state(instance, sandbox_id) != wanted:
+        assert time.monotonic() < deadline, f"the sandbox never became {wanted}"
+        time.sleep(0.02)  # polling the cgroup, with a deadline
+
+
+def cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def sandbox_pids(instance: str, sandbox_id: str) -> list[int]:
+    relative = cgroups.cgroups_path(instance, sandbox_id).strip("/")
+    procs = (FREEZER / relative / "cgroup.procs").read_text().split()
+    return [int(pid) for pid in procs]
+
+
+def test_an_idle_session_is_frozen_burns_nothing_and_thaws_with_its_state(make_server):
+    server = make_server(pool_size=1, limits=Limits(freeze_idle_s=0.2))
+    manager = server.server.manager
+    instance = server.server.backend.state.instance
+    info = server.call(manager.create())
+    sandbox_id = manager._sessions[info.id].kernel.id
+    assert server.call(manager.execute(info.id, "x = 41")).status.value == "ok"
+
+    wait_for_state(instance, sandbox_id, "FROZEN")
+    pids = sandbox_pids(instance, sandbox_id)
+    assert pids
+    before = cpu_ticks(pids)
+    time.sleep(1.0)  # an unfrozen idle sandbox burns a few ticks in a second here
+    assert cpu_ticks(pids) == before
+
+    result = server.call(manager.execute(info.id, "x + 1"))
+    assert result.result_text == "42"
+    assert freezer_state(instance, sandbox_id) == "THAWED"
+    wait_for_state(instance, sandbox_id, "FROZEN")  # idle again, frozen again
+    server.call(manager.close(info.id))
+    assert not (FREEZER / cgroups.cgroups_path(instance, sandbox_id).strip("/")).exists()
+
+
+def test_without_the_setting_nothing_is_frozen(make_server):
+    server = make_server(pool_size=1)
+    manager = server.server.manager
+    info = server.call(manager.create())
+    sandbox_id = manager._sessions[info.id].kernel.id
+    assert server.call(manager.execute(info.id, "1")).status.value == "ok"
+    time.sleep(0.5)  # longer than the other test's freeze delay
+    assert freezer_state(server.server.backend.state.instance, sandbox_id) == "THAWED"
+    server.call(manager.close(info.id))
+
+
+def test_frozen_sessions_of_a_killed_server_are_cleaned_up_by_the_next(tmp_path):
+    require_gvisor()
+    state_dir = tmp_path / "state"
+    crashed = ServerProcess(state_dir, "--freeze-idle", "0.2")
+    with crashed.client() as c:
+        assert c.run("x = 1")["status"] == "ok"
+    instance = crashed.instance
+    frozen = [
+        p for p in (FREEZER / "cloche" / instance).glob("*/freezer.state")
+        if p.read_text().strip() == "FROZEN"
+    ]  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not frozen and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the freeze, with a deadline
+        frozen = [
+            p for p in (FREEZER / "cloche" / instance).glob("*/freezer.state")
+            if p.read_text().strip() == "FROZEN"
+        ]  # fmt: skip
+    assert frozen, "the idle session was never frozen"
+    crashed.stop(signal.SIGKILL)
+
+    successor = ServerProcess(state_dir)
+    try:
+        assert leftovers(state_dir, instance) == NOTHING_LEFT
+    finally:
+        successor.stop()
+    assert os.path.isdir(state_dir)
