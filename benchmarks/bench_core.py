@@ -217,8 +217,8 @@ class Echo:
             done += 1
 
 
-def wait_ready(stdout: IO[bytes], what: str, log_text: str = "") -> None:
-    ready, _, _ = select.select([stdout], [], [], 30.0)
+def wait_ready(stdout: IO[bytes], what: str, log_text: str = "", timeout_s: float = 30.0) -> None:
+    ready, _, _ = select.select([stdout], [], [], timeout_s)
     if not ready or os.read(stdout.fileno(), 1) != b"R":
         raise RuntimeError(f"{what} did not start: {log_text}")
 

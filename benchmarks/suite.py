@@ -381,7 +381,8 @@ def start_echoes(floor: Floor, count: int) -> list[CommandSandbox]:
                 sandbox.launch()
             for sandbox in starting:
                 assert sandbox.stdout is not None
-                wait_ready(sandbox.stdout, "an echo sandbox", sandbox.startup_log())
+                # Slow when many sandboxes already run: each idle one burns CPU.
+                wait_ready(sandbox.stdout, "an echo sandbox", sandbox.startup_log(), 300.0)
     except BaseException:
         for sandbox in echoes:
             sandbox.close(grace_s=5.0)
@@ -408,22 +409,28 @@ def throughput_levels(
     run: Run, floor: Floor, server: Serve, levels: list[int], ops_per_level: int
 ) -> None:
     """cells/s and p99 at each level of concurrent sessions: the floor's echo sandboxes
-    first (then closed: idle sandboxes cost CPU), then as many cloche sessions."""
+    first (as many as the level, then closed), then cloche's sessions (as many as the top
+    level, all open at once; with --freeze-idle, those left out of a level are frozen)."""
     top = max(levels)
-    log(f"throughput: starting {top} echo sandboxes")
-    echoes = start_echoes(floor, top)
-    try:
+    for level in levels:
+        # As many echo sandboxes as the level has sessions, and no more: an idle runsc
+        # sandbox burns CPU, which would slow the floor down.
+        log(f"throughput: starting {level} echo sandboxes")
+        echoes = start_echoes(floor, level)
+        try:
 
-        async def floor_levels() -> None:
-            workers: list[Worker] = [EchoWorker(s) for s in echoes]
-            for worker in workers:
-                await worker.open()
-            await measure_levels(run, "floor", workers, levels, ops_per_level)
+            async def floor_level(
+                echoes: list[CommandSandbox] = echoes, level: int = level
+            ) -> None:
+                workers: list[Worker] = [EchoWorker(s) for s in echoes]
+                for worker in workers:
+                    await worker.open()
+                await measure_levels(run, "floor", workers, [level], ops_per_level)
 
-        asyncio.run(floor_levels())
-    finally:
-        for sandbox in echoes:
-            sandbox.close(grace_s=5.0)
+            asyncio.run(floor_level())
+        finally:
+            for sandbox in echoes:
+                sandbox.close(grace_s=5.0)
 
     async def cloche_levels() -> None:
         async with http_client(server.target, top) as http:
@@ -597,6 +604,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--levels", default="1,10,50", help="concurrent sessions")
     parser.add_argument("--ops", type=int, default=3000, help="cells per throughput level")
     parser.add_argument("--idle", type=int, default=60, help="idle sessions to hold (0: skip)")
+    parser.add_argument(
+        "--freeze-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="start the main server with --freeze-idle (0: as cloche serve's default, never)",
+    )
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -641,6 +655,7 @@ def measure_all(
             "--pool-size", str(POOL),
             "--data-pool-size", str(DATA_POOL),
             "--max-sessions", str(max_sessions),
+            "--freeze-idle", str(args.freeze_idle),
         ) as server, Jupyter() as jupyter:  # fmt: skip
             server.wait_pooled("lean", POOL)
             server.wait_pooled("data", DATA_POOL)
