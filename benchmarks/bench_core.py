@@ -30,6 +30,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -456,9 +457,24 @@ def scratch_dir() -> Iterator[Path]:
     try:
         yield base
     finally:
+        # After a crash mid-run, sandboxes of ours may still hold their mounts: their runsc
+        # processes name this directory (ours alone, from mkdtemp) on their command lines.
+        for pid in _pids_naming(base):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         for point in mounts.mounts_under(base):
             mounts.unmount(point)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _pids_naming(base: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with suppress(OSError):
+                if str(base).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
 
 
 # -- main ----------------------------------------------------------------------------------
