@@ -459,7 +459,7 @@ def scratch_dir() -> Iterator[Path]:
     finally:
         # After a crash mid-run, sandboxes of ours may still hold their mounts: their runsc
         # processes name this directory (ours alone, from mkdtemp) on their command lines.
-        for pid in _pids_naming(base):
+        for pid in processes_mentioning(str(base)):
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for point in mounts.mounts_under(base):
@@ -467,12 +467,13 @@ def scratch_dir() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _pids_naming(base: Path) -> list[int]:
+def processes_mentioning(text: str) -> list[int]:
+    """Processes (other than this one) whose command line contains text."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             with suppress(OSError):
-                if str(base).encode() in (entry / "cmdline").read_bytes():
+                if text.encode() in (entry / "cmdline").read_bytes():
                     found.append(int(entry.name))
     return found
 

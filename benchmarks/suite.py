@@ -49,6 +49,7 @@ from bench_core import (
     Floor,
     foreign_runsc,
     leftovers,
+    processes_mentioning,
     scratch_dir,
     wait_ready,
 )
@@ -181,19 +182,6 @@ def serving(state: Path, *args: str) -> Iterator[Serve]:
         yield server
     finally:
         server.stop()
-
-
-def processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if text.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def pss_of(pids: list[int]) -> tuple[int, int]:

@@ -50,29 +50,28 @@ def remove_if_empty(relative: str) -> None:
 
 def set_cpu_shares(relative: str, shares: int) -> bool:
     """Give a cgroup a CPU weight (v1 cpu.shares, or v2 cpu.weight); False if it has none."""
-    relative = relative.strip("/")
-    for root in _hierarchies():
-        for name, value in (
-            ("cpu.shares", shares),
-            ("cpu.weight", 1 + (max(shares, 2) - 2) * 9999 // 262142),  # runc's mapping
-        ):
-            try:
-                (root / relative / name).write_text(f"{value}\n")
-                return True
-            except OSError:
-                continue
-    return False
+    weight = 1 + (max(shares, 2) - 2) * 9999 // 262142  # runc's mapping of shares to weight
+    return _write_control(relative, {"cpu.shares": str(shares), "cpu.weight": str(weight)})
 
 
 def set_frozen(relative: str, frozen: bool) -> bool:
     """Freeze or thaw every process of a cgroup (v1 freezer.state, or v2 cgroup.freeze);
     False if the machine has no freezer for it."""
+    return _write_control(
+        relative,
+        {
+            "freezer.state": "FROZEN" if frozen else "THAWED",
+            "cgroup.freeze": "1" if frozen else "0",
+        },
+    )
+
+
+def _write_control(relative: str, values: dict[str, str]) -> bool:
+    """Write the first of the control files (name -> value) this cgroup has, in whichever
+    hierarchy has it; False if none does."""
     relative = relative.strip("/")
     for root in _hierarchies():
-        for name, value in (
-            ("freezer.state", "FROZEN" if frozen else "THAWED"),
-            ("cgroup.freeze", "1" if frozen else "0"),
-        ):
+        for name, value in values.items():
             try:
                 (root / relative / name).write_text(f"{value}\n")
                 return True
