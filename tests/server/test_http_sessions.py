@@ -721,6 +721,28 @@ def test_code_that_is_not_valid_unicode_fails_as_a_cell(http, session):
     assert execute(http, session, "'fine'")["result_json"] == "fine"
 
 
+def test_a_lone_surrogate_or_a_nan_from_the_cell_still_comes_back_as_json(http, session):
+    # User code can raise ValueError("\ud800") (a str UTF-8 can't encode) and offer NaN
+    # in a rich output (JSON has no NaN); either used to fail the answer with a 500.
+    code = (
+        "class A:\n"
+        "    def _repr_json_(self): return {'x': float('nan')}\n"
+        "display(A())\n"
+        "raise ValueError('\\ud800')"
+    )
+    whole = http.post(f"/v1/sessions/{session}/execute", json={"code": code})
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["error"]["evalue"] == "\ud800"
+    assert whole.json()["displays"][0]["application/json"] == {"x": None}
+    with http.stream(
+        "POST", f"/v1/sessions/{session}/execute?stream=true", json={"code": code}
+    ) as streamed:
+        seen = dict(events(streamed))
+    assert seen["display"]["application/json"] == {"x": None}
+    assert seen["error"]["evalue"] == "\ud800"
+    assert execute(http, session, "'fine'")["result_json"] == "fine"
+
+
 def test_too_many_sessions(small):
     with client_of(small) as client:
         ids = []

@@ -140,6 +140,14 @@ def test_a_runtime_error_is_named_and_carries_its_traceback(http):
     assert answer["std_out"] == "before\n"
 
 
+def test_a_lone_surrogate_in_the_answer_is_still_one_json_line(http):
+    # A str UTF-8 can't encode, made by the code: it used to leave the client hanging.
+    answer = run(http, "raise ValueError('\\ud800 in here')")
+    assert answer["success"] is False
+    assert "\ud800 in here" in answer["error"]["message"]
+    assert run(http, "'\\udfff'")["final_expression"] == "\udfff"
+
+
 def test_a_missing_module_is_a_module_not_found_error(http):
     answer = run(http, "import surely_not_installed_module")
     assert answer["success"] is False

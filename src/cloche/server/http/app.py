@@ -82,6 +82,7 @@ class HTTPFrontEnd:
             self.app,
             log_level="warning",
             access_log=False,
+            proxy_headers=False,  # served directly; nothing here reads forwarded headers
             lifespan="on",  # runs MCP's session manager
             timeout_keep_alive=30,
             limit_concurrency=config.max_connections,

@@ -19,6 +19,7 @@ from cloche.errors import LLMUnavailable
 from cloche.llm.context import put_context_value
 from cloche.llm.rlm import RLM
 from cloche.server.http.auth import owner_of
+from cloche.server.http.jsonbody import JSONBody
 from cloche.server.http.models import ChatCompletion, ChatCompletionRequest, ChatMessage, ErrorBody
 from cloche.sessions.manager import SessionManager
 
@@ -92,7 +93,7 @@ async def chat_completions(
             "total_tokens": result.prompt_tokens + result.completion_tokens,
         },
     }
-    return JSONResponse(completion, headers={SESSION_HEADER: session_id})
+    return JSONBody(completion, headers={SESSION_HEADER: session_id})
 
 
 def _text(message: ChatMessage) -> str:

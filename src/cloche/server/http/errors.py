@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -25,6 +24,7 @@ from cloche.errors import (
     Unauthorized,
     UnknownProfile,
 )
+from cloche.server.http.jsonbody import JSONBody, json_bytes
 
 log = logging.getLogger("cloche.http")
 
@@ -54,11 +54,11 @@ class BodyTooLarge(ClocheError):
 TERRARIUM_PATH = "/"
 
 
-class JSONLineResponse(JSONResponse):
+class JSONLineResponse(JSONBody):
     """JSON followed by a newline: Terrarium's client reads up to the first one."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        return json_bytes(content) + b"\n"
 
 
 def error_response(status: int, kind: str, message: str, path: str | None = None) -> JSONResponse:
@@ -69,7 +69,7 @@ def error_response(status: int, kind: str, message: str, path: str | None = None
         return JSONLineResponse(
             {"success": False, "error": error}, status_code=status, headers=headers
         )
-    return JSONResponse({"error": error}, status_code=status, headers=headers)
+    return JSONBody({"error": error}, status_code=status, headers=headers)
 
 
 def status_of(exc: ClocheError) -> tuple[int, str]:

@@ -19,6 +19,7 @@ from cloche.errors import ClocheError, PathRefused
 from cloche.llm.context import put_context_value
 from cloche.sandbox.files import normalise
 from cloche.server.http.auth import owner_of
+from cloche.server.http.jsonbody import JSONBody, json_text
 from cloche.server.http.models import (
     ErrorBody,
     ExecuteRequest,
@@ -160,7 +161,8 @@ async def execute(
     result = await manager.execute(
         session_id, body.code, owner=owner, timeout_s=timeout, track_files=True
     )
-    return execute_body(result)
+    # Returned as a Response, FastAPI doesn't validate and serialise it again (~0.1 ms).
+    return JSONBody(execute_body(result))
 
 
 router.add_api_route(
@@ -173,7 +175,7 @@ router.add_api_route(
 
 
 def _sse(event: str, data: Any) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return f"event: {event}\ndata: {json_text(data)}\n\n".encode("utf-8", "backslashreplace")
 
 
 async def _stream(

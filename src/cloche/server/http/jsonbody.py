@@ -1,0 +1,49 @@
+"""JSON bodies for what sandboxes produce, which may hold any str and any float.
+
+User code can put a lone surrogate in a str (`raise ValueError("\\ud800")`), which UTF-8
+can't encode, and NaN in a rich output (`_repr_json_`), which JSON lacks. Either would
+make a plain `json.dumps(...).encode()` raise while the answer is being written, and the
+client would get a 500 or a dropped connection instead of its cell's result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def json_text(content: Any) -> str:
+    """Content as JSON text; NaN and the infinities become null, as pydantic writes them."""
+    try:
+        return _encoder.encode(content)
+    except ValueError:  # a float JSON can't hold: rare, so only then is the copy made
+        return _encoder.encode(_finite(content))
+
+
+def json_bytes(content: Any) -> bytes:
+    """Content as UTF-8 JSON. A lone surrogate can only be inside a JSON string, where
+    backslashreplace writes it as its JSON escape (`\\ud800`): the body stays valid UTF-8
+    and decodes to the same str."""
+    return json_text(content).encode("utf-8", "backslashreplace")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+class JSONBody(JSONResponse):
+    """A JSON response whose content may come from a sandbox."""
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content)
