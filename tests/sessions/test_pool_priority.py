@@ -1,14 +1,16 @@
 """Warming the pool yields the CPU to sessions: a sandbox gets the usual CPU weight only
-when a session takes it."""
+when a session takes it, and the refill waits a moment after a take."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from cloche.sandbox import cgroups
+from cloche.sessions import pool
 
 
 def cpu_shares(instance: str, sandbox_id: str) -> int:
@@ -45,3 +47,24 @@ def test_a_sandbox_started_for_a_waiting_session_starts_with_the_usual_weight(ma
     assert bundle["linux"]["resources"]["cpu"]["shares"] == 1024
     assert cpu_shares(server.server.backend.state.instance, kernel.id) == 1024
     server.call(manager.close(info.id))
+
+
+def test_the_refill_after_a_take_waits_so_the_new_session_has_the_cpu(make_server):
+    server = make_server(pool_size=1)
+    manager = server.server.manager
+    server.call(manager.pool.wait_full())
+
+    async def take_and_look() -> tuple[str, int, int]:
+        info = await manager.create()
+        for _ in range(10):  # an immediate refill's task would have woken by now
+            await asyncio.sleep(0)
+        at_once = manager.pool._starting
+        await asyncio.sleep(pool.REFILL_DELAY_S * 2)
+        later = manager.pool._starting + manager.pool.ready_count
+        return info.id, at_once, later
+
+    session_id, at_once, later = server.call(take_and_look())
+    assert at_once == 0, "a sandbox started at once, beside the session just taken"
+    assert later == 1, "the refill never began"
+    server.call(manager.pool.wait_full())
+    server.call(manager.close(session_id))
