@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -54,10 +55,12 @@ from bench_core import (
     wait_ready,
 )
 from cloche.bench import (
+    HTTPCell,
     HTTPSessions,
     NewSession,
     Target,
     TCPCell,
+    TCPNewSession,
     Terrarium,
     Worker,
     http_client,
@@ -673,6 +676,20 @@ def measure_all(
         )
 
 
+class CreateOnly(Worker):
+    """`POST /v1/sessions` alone, timed; the session is closed after."""
+
+    def __init__(self, target: Target, sessions: HTTPSessions) -> None:
+        self.sessions = sessions
+
+    async def once(self) -> float:
+        started = time.perf_counter()
+        session_id = await self.sessions.create()
+        elapsed = time.perf_counter() - started
+        await self.sessions.delete(session_id)
+        return elapsed
+
+
 async def new_sessions_missing(server: Serve, count: int) -> list[float]:
     """New sessions from a server with no pool: each starts a sandbox; in ms."""
     async with http_client(server.target, 1) as http:
@@ -685,20 +702,34 @@ def new_sessions(run: Run, server: Serve, count: int) -> None:
     async def go() -> None:
         async with http_client(server.target, 4) as http:
             sessions = HTTPSessions(server.target, http)
+
+            async def rest(profile: str, size: int) -> None:
+                """Until the pool is full again, and a little more."""
+                await asyncio.to_thread(server.wait_pooled, profile, size)
+                await asyncio.sleep(0.2)
+
             for profile, size in (("lean", POOL), ("data", DATA_POOL)):
                 target = Target(url=server.target.url, tcp_port=server.tcp_port, profile=profile)
-
-                async def full(profile: str = profile, size: int = size) -> None:
-                    await asyncio.to_thread(server.wait_pooled, profile, size)
-                    await asyncio.sleep(0.2)
-
-                report = await measure(
-                    f"new {profile}",
-                    lambda t=target: NewSession(t, HTTPSessions(t, http)),
-                    total=count,
-                    before_each=full,
-                )
-                run.samples_ms[f"new_session_{profile}"] = [s * 1000 for s in report.samples_s]
+                full = functools.partial(rest, profile, size)
+                kinds: dict[str, Callable[[], Worker]] = {
+                    f"new_session_{profile}": lambda t=target: NewSession(t, HTTPSessions(t, http)),
+                    f"create_only_{profile}": lambda t=target: CreateOnly(t, HTTPSessions(t, http)),
+                    f"new_session_tcp_{profile}": lambda t=target: TCPNewSession(
+                        t, HTTPSessions(t, http)
+                    ),
+                }
+                for key, make in kinds.items():
+                    report = await measure(key, make, total=count, before_each=full)
+                    run.samples_ms[key] = [s * 1000 for s in report.samples_s]
+            # The same rest before a cell of a session that exists: what the pause alone
+            # costs (an idle machine's first request after it is slower, whatever it does).
+            report = await measure(
+                "cell after pause",
+                lambda: HTTPCell(server.target, sessions),
+                total=count,
+                before_each=functools.partial(rest, "lean", POOL),
+            )
+            run.samples_ms["cell_after_pause"] = [s * 1000 for s in report.samples_s]
             data_id = await sessions.create("data")
             try:
                 for module in ("numpy", "scipy", "sympy", "matplotlib.pyplot"):
@@ -714,15 +745,11 @@ def new_sessions(run: Run, server: Serve, count: int) -> None:
             finally:
                 await sessions.delete(data_id)
 
-            async def full_data() -> None:
-                await asyncio.to_thread(server.wait_pooled, "data", 1)
-                await asyncio.sleep(0.2)
-
             report = await measure(
                 "terrarium",
                 lambda: Terrarium(server.target, http),
                 total=count,
-                before_each=full_data,
+                before_each=functools.partial(rest, "data", DATA_POOL),
             )
             run.samples_ms["terrarium"] = [s * 1000 for s in report.samples_s]
 

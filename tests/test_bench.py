@@ -77,6 +77,16 @@ def test_new_sessions_and_a_table(api: ServerThread) -> None:
     assert api.server.manager.list(TOKEN) == []
 
 
+def test_new_sessions_over_tcp_in_one_request_each(api: ServerThread) -> None:
+    created = api.server.manager.created
+    done = bench(api, "-w", "tcp-new-session", "-n", "3", "--warmup", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    (report,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert report["workload"] == "tcp-new-session" and report["errors"] == 0
+    assert api.server.manager.created - created == 3
+    assert api.server.manager.list(TOKEN) == [], "bench left its sessions open"
+
+
 def test_failing_cells_are_counted_and_exit_1(api: ServerThread) -> None:
     done = bench(api, "-w", "tcp-cell", "-n", "5", "--warmup", "0", "--code", "1/0", "--json")
     assert done.returncode == 1

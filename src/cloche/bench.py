@@ -100,43 +100,37 @@ def _short(value: object, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-class TCPCell(Worker):
-    """Warm cells over the REPL TCP protocol, in a session of its own.
-
-    The session is created and closed through the sessions API (the TCP protocol has no
-    close), and used over TCP by id, as an existing TCP client would.
-    """
+class _TCPWorker(Worker):
+    """A client of the REPL TCP protocol, on a connection of its own."""
 
     def __init__(self, target: Target, sessions: HTTPSessions) -> None:
         self.target = target
         self.sessions = sessions
-        self.session_id = ""
-        self.request = b""
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> None:
-        self.session_id = await self.sessions.create()
         self.reader, self.writer = await asyncio.open_connection(
             self.target.tcp_host, self.target.tcp_port
         )
         sock = self.writer.get_extra_info("socket")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await self._receive()  # the greeting
-        request = {"code": self.target.code, "session_id": self.session_id}
+
+    def _frame(self, **request: Any) -> bytes:
         if self.target.token:
             request["token"] = self.target.token
-        self.request = encode_frame(request)
+        return encode_frame({"code": self.target.code, **request})
 
-    async def once(self) -> float:
+    async def _round_trip(self, frame: bytes) -> tuple[float, dict[str, Any]]:
         assert self.writer is not None
         started = time.perf_counter()
-        self.writer.write(self.request)
+        self.writer.write(frame)
         reply = await self._receive()
         elapsed = time.perf_counter() - started
         if reply.get("status") != "ok" or reply.get("cell_status", "ok") != "ok":
             raise BenchError(f"the cell failed: {_short(reply)}")
-        return elapsed
+        return elapsed, reply
 
     async def _receive(self) -> dict[str, Any]:
         assert self.reader is not None
@@ -146,8 +140,41 @@ class TCPCell(Worker):
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class TCPCell(_TCPWorker):
+    """Warm cells over the REPL TCP protocol, in a session of its own.
+
+    The session is created and closed through the sessions API (the TCP protocol has no
+    close), and used over TCP by id, as an existing TCP client would.
+    """
+
+    session_id = ""
+    request = b""
+
+    async def open(self) -> None:
+        self.session_id = await self.sessions.create()
+        await super().open()
+        self.request = self._frame(session_id=self.session_id)
+
+    async def once(self) -> float:
+        elapsed, _ = await self._round_trip(self.request)
+        return elapsed
+
+    async def close(self) -> None:
+        await super().close()
         if self.session_id:
             await self.sessions.delete(self.session_id)
+
+
+class TCPNewSession(_TCPWorker):
+    """A TCP request without a session id: a new session and its first cell in one round
+    trip. The session is closed through the sessions API after, not timed."""
+
+    async def once(self) -> float:
+        elapsed, reply = await self._round_trip(self._frame(profile=self.target.profile))
+        await self.sessions.delete(str(reply["session_id"]))
+        return elapsed
 
 
 class HTTPCell(Worker):
@@ -213,6 +240,7 @@ WORKLOADS: dict[str, str] = {
     "tcp-cell": "warm cells over the TCP protocol, one session per client",
     "http-cell": "warm cells through the sessions API, one session per client",
     "new-session": "create a session and run its first cell (then close it, not timed)",
+    "tcp-new-session": "a new session and its first cell in one TCP request (closed after)",
     "terrarium": "one-shot requests to the Terrarium-compatible POST /",
 }
 
@@ -224,6 +252,7 @@ def server_workers(workload: str, target: Target, http: httpx.AsyncClient) -> Ca
         "tcp-cell": lambda: TCPCell(target, sessions),
         "http-cell": lambda: HTTPCell(target, sessions),
         "new-session": lambda: NewSession(target, sessions),
+        "tcp-new-session": lambda: TCPNewSession(target, sessions),
         "terrarium": lambda: Terrarium(target, http),
     }
     if workload not in factories:
