@@ -26,8 +26,9 @@ class Limits:
     cpu_quota: float | None = None  # cores; None = unlimited
     # Seconds a session may sit idle before its sandbox is frozen (cgroup freezer): an idle
     # runsc sandbox burns 2-3% of a core; a frozen one nothing, and thaws in its next cell.
-    # Its background threads stop too while it is frozen, hence 0 (never) by default.
-    freeze_idle_s: float = 0.0
+    # One whose sandbox is busy on its own (a background thread) is left running; one that
+    # is frozen pauses its sleeping threads too. Pooled sandboxes wait frozen. 0: never.
+    freeze_idle_s: float = 30.0
 
     @property
     def cgroup_memory_mib(self) -> int:

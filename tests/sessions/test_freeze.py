@@ -12,6 +12,7 @@ import pytest
 
 from cloche.config import Limits
 from cloche.sandbox import cgroups
+from cloche.sessions import session
 from support import NOTHING_LEFT, ServerProcess, leftovers, require_gvisor
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -68,14 +69,51 @@ def test_an_idle_session_is_frozen_burns_nothing_and_thaws_with_its_state(make_s
     assert not (FREEZER / cgroups.cgroups_path(instance, sandbox_id).strip("/")).exists()
 
 
-def test_without_the_setting_nothing_is_frozen(make_server):
-    server = make_server(pool_size=1)
+def test_a_session_busy_on_its_own_is_left_running_until_it_stops(make_server):
+    server = make_server(pool_size=1, limits=Limits(freeze_idle_s=0.2))
     manager = server.server.manager
+    instance = server.server.backend.state.instance
+    info = server.call(manager.create())
+    sandbox_id = manager._sessions[info.id].kernel.id
+    spin = (
+        "import threading\nspinning = True\n"
+        "def spin():\n    while spinning:\n        pass\n"
+        "threading.Thread(target=spin, daemon=True).start()"
+    )
+    assert server.call(manager.execute(info.id, spin)).status.value == "ok"
+    time.sleep(0.2 + 2 * session.FREEZE_PROBE_S + 0.5)  # two looks at its CPU use
+    assert freezer_state(instance, sandbox_id) == "THAWED"
+
+    assert server.call(manager.execute(info.id, "spinning = False")).status.value == "ok"
+    wait_for_state(instance, sandbox_id, "FROZEN")
+    server.call(manager.close(info.id))
+
+
+def test_pooled_sandboxes_wait_frozen_and_a_session_takes_one_thawed(make_server):
+    server = make_server(pool_size=1, limits=Limits(freeze_idle_s=30))
+    manager = server.server.manager
+    instance = server.server.backend.state.instance
+    server.call(manager.pool.wait_full())
+    pooled = manager.pool._ready[0]
+    assert freezer_state(instance, pooled.id) == "FROZEN"
+    info = server.call(manager.create())
+    assert manager._sessions[info.id].kernel is pooled
+    assert freezer_state(instance, pooled.id) == "THAWED"
+    assert server.call(manager.execute(info.id, "6 * 7")).result_text == "42"
+    server.call(manager.close(info.id))
+
+
+def test_without_the_setting_nothing_is_frozen(make_server):
+    server = make_server(pool_size=1, limits=Limits(freeze_idle_s=0))
+    manager = server.server.manager
+    instance = server.server.backend.state.instance
+    server.call(manager.pool.wait_full())
+    assert freezer_state(instance, manager.pool._ready[0].id) == "THAWED"
     info = server.call(manager.create())
     sandbox_id = manager._sessions[info.id].kernel.id
     assert server.call(manager.execute(info.id, "1")).status.value == "ok"
-    time.sleep(0.5)  # longer than the other test's freeze delay
-    assert freezer_state(server.server.backend.state.instance, sandbox_id) == "THAWED"
+    time.sleep(0.2 + session.FREEZE_PROBE_S + 0.5)  # longer than the other tests' delays
+    assert freezer_state(instance, sandbox_id) == "THAWED"
     server.call(manager.close(info.id))
 
 

@@ -80,6 +80,10 @@ class Sandbox(abc.ABC):
     def thaw(self) -> None:  # noqa: B027  # optional hook
         """Let a frozen sandbox run again. Cheap when it isn't frozen."""
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the sandbox has used so far; None when the backend can't tell."""
+        return None
+
     @property
     def stdin(self) -> IO[bytes]:
         assert self.process is not None and self.process.stdin is not None

@@ -80,6 +80,26 @@ def _write_control(relative: str, values: dict[str, str]) -> bool:
     return False
 
 
+def cpu_usage_s(relative: str) -> float | None:
+    """CPU time a cgroup's processes have used, in seconds (v1 cpuacct.usage, or v2
+    cpu.stat); None if the machine doesn't account it."""
+    relative = relative.strip("/")
+    for root in _hierarchies():
+        try:
+            return int((root / relative / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            pass
+        try:
+            stat = (root / relative / "cpu.stat").read_text()
+        except OSError:
+            continue
+        for line in stat.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "usage_usec":
+                return int(value) / 1e6
+    return None
+
+
 def thaw_all(relative: str) -> None:
     """Thaw a cgroup and every cgroup below it (frozen processes can't even be killed)."""
     relative = relative.strip("/")

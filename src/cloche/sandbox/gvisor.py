@@ -215,6 +215,9 @@ class GVisorSandbox(Sandbox):
             cgroups.set_frozen(self._cgroup, False)
             self.frozen = False
 
+    def cpu_seconds(self) -> float | None:
+        return cgroups.cpu_usage_s(self._cgroup)
+
     @property
     def _cgroup(self) -> str:
         return cgroups.cgroups_path(self.backend.state.instance, self.id)

@@ -91,6 +91,7 @@ class WarmPool:
             self._refill_soon()
             if kernel.alive:
                 self.hits += 1
+                kernel.sandbox.thaw()  # before its first cell comes, to overlap the wake-up
                 kernel.sandbox.serving()
                 return kernel
             log.warning("pooled sandbox %s died while waiting: %s", kernel.id, kernel.death)
@@ -189,6 +190,8 @@ class WarmPool:
             if self._closed:
                 await kernel.close()
             else:
+                if self.limits.freeze_idle_s > 0:
+                    kernel.sandbox.freeze()  # nothing runs in it until a session takes it
                 self._ready.append(kernel)
                 self._added.set()
         finally:

@@ -17,6 +17,11 @@ from cloche.sessions.result import CellResult
 
 # A working directory this small is walked on the event loop: ~1 µs an entry.
 _INLINE_WALK_ENTRIES = 64
+# Before an idle session is frozen, its sandbox's CPU use is watched for this long: one
+# busy with work of its own (a background thread, a subprocess) is left running. An idle
+# runsc sandbox uses 2-3% of a core; more than BUSY_SHARE of one counts as busy.
+FREEZE_PROBE_S = 1.0
+BUSY_SHARE = 0.10
 
 log = logging.getLogger("cloche.session")
 
@@ -167,10 +172,36 @@ class Session:
             self._freeze_timer.cancel()
             self._freeze_timer = None
 
+    @property
+    def _idle(self) -> bool:
+        return self.state is SessionState.IDLE and not self._lock.locked() and self.usable
+
     def _freeze_if_idle(self) -> None:
+        """The idle period is over: watch the sandbox's CPU use for FREEZE_PROBE_S."""
         self._freeze_timer = None
-        if self.state is SessionState.IDLE and not self._lock.locked() and self.usable:
-            self.kernel.sandbox.freeze()  # thawed by the next cell, interrupt or close
+        if not self._idle:
+            return
+        used = self.kernel.sandbox.cpu_seconds()
+        loop = asyncio.get_running_loop()
+        if used is None:  # no accounting: nothing to tell idle from busy by
+            self._freeze_if_quiet(None, loop.time())
+        else:
+            self._freeze_timer = loop.call_later(
+                FREEZE_PROBE_S, self._freeze_if_quiet, used, loop.time()
+            )
+
+    def _freeze_if_quiet(self, used_before: float | None, since: float) -> None:
+        self._freeze_timer = None
+        if not self._idle:
+            return
+        sandbox = self.kernel.sandbox
+        used = sandbox.cpu_seconds()
+        elapsed = asyncio.get_running_loop().time() - since
+        if used_before is not None and used is not None and elapsed > 0:
+            if (used - used_before) / elapsed > BUSY_SHARE:
+                self._idle_from_now()  # working on its own: look again a period later
+                return
+        sandbox.freeze()  # thawed by the next cell, interrupt or close
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
