@@ -598,9 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--freeze-idle",
         type=float,
-        default=0.0,
+        default=None,
         metavar="SECONDS",
-        help="start the main server with --freeze-idle (0: as cloche serve's default, never)",
+        help="start the main server with --freeze-idle (default: cloche serve's, 30 s)",
     )
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     args = parser.parse_args(argv)
@@ -646,7 +646,7 @@ def measure_all(
             "--pool-size", str(POOL),
             "--data-pool-size", str(DATA_POOL),
             "--max-sessions", str(max_sessions),
-            "--freeze-idle", str(args.freeze_idle),
+            *(() if args.freeze_idle is None else ("--freeze-idle", str(args.freeze_idle))),
         ) as server, Jupyter() as jupyter:  # fmt: skip
             server.wait_pooled("lean", POOL)
             server.wait_pooled("data", DATA_POOL)
