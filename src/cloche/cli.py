@@ -118,8 +118,7 @@ SERVE_OPTIONS = (
         float,
         _limits.freeze_idle_s,
         "seconds idle after which a session's sandbox is frozen (no CPU; thawed by its next "
-        "cell; not while it is busy on its own; sleeping threads pause) and pooled sandboxes "
-        "wait frozen; 0 = never",
+        "cell; not while it is busy on its own; sleeping threads pause); 0 = never",
     ),
     _Option("--max-frame-bytes", int, _config.max_frame_bytes, "largest request frame, bytes"),
     _Option("--max-connections", int, _config.max_connections, "open TCP connections at once"),

@@ -27,7 +27,8 @@ class Limits:
     # Seconds a session may sit idle before its sandbox is frozen (cgroup freezer): an idle
     # runsc sandbox burns 2-3% of a core; a frozen one nothing, and thaws in its next cell.
     # One whose sandbox is busy on its own (a background thread) is left running; one that
-    # is frozen pauses its sleeping threads too. Pooled sandboxes wait frozen. 0: never.
+    # is frozen pauses its sleeping threads too. 0: never. (Pooled sandboxes are not frozen:
+    # one killed from outside while frozen would die only when thawed, after being handed out.)
     freeze_idle_s: float = 30.0
 
     @property

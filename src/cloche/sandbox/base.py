@@ -61,6 +61,9 @@ class Sandbox(abc.ABC):
         self.exit_step: ExitStep | None = None
         self._cleaned = False
         self.urgent = False  # a session waits for this start: no lowered CPU weight
+        # A checkpoint image to restore instead of starting the kernel afresh (see
+        # `checkpoint`): the kernel comes back as it was saved, without a `ready` message.
+        self.restore_from: Path | None = None
 
     @abc.abstractmethod
     def launch(self) -> None:
@@ -79,6 +82,11 @@ class Sandbox(abc.ABC):
 
     def thaw(self) -> None:  # noqa: B027  # optional hook
         """Let a frozen sandbox run again. Cheap when it isn't frozen."""
+
+    def checkpoint(self, image: Path) -> str | None:
+        """Save the running sandbox into the directory image, for `restore_from`; this
+        stops it. None when saved, else why not (a backend that can't says so)."""
+        return f"the {type(self).__name__} backend can't checkpoint"
 
     def cpu_seconds(self) -> float | None:
         """CPU time the sandbox has used so far; None when the backend can't tell."""

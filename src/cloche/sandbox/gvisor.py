@@ -185,7 +185,7 @@ class GVisorSandbox(Sandbox):
         (bundle / "config.json").write_text(json.dumps(config))
         with open(self.home / "runsc.log", "wb") as stderr:
             self.process = subprocess.Popen(
-                self.runsc.run_args(bundle, self.id),
+                self.runsc.run_args(bundle, self.id, self.restore_from),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -217,6 +217,11 @@ class GVisorSandbox(Sandbox):
 
     def cpu_seconds(self) -> float | None:
         return cgroups.cpu_usage_s(self._cgroup)
+
+    def checkpoint(self, image: Path) -> str | None:
+        self.thaw()
+        image.mkdir(parents=True, exist_ok=True)
+        return self.runsc.checkpoint(self.id, image)
 
     @property
     def _cgroup(self) -> str:

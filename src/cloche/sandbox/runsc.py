@@ -68,8 +68,24 @@ class Runsc:
             args.append("--overlay2=none")  # writes go to the mounts we chose, nowhere else
         return args
 
-    def run_args(self, bundle: Path, sandbox_id: str) -> list[str]:
+    def run_args(self, bundle: Path, sandbox_id: str, image: Path | None = None) -> list[str]:
+        """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it."""
+        if image is not None:
+            return [
+                *self.global_args(),
+                "restore",
+                "--image-path",
+                str(image),
+                "--bundle",
+                str(bundle),
+                sandbox_id,
+            ]
         return [*self.global_args(), "run", "--bundle", str(bundle), sandbox_id]
+
+    def checkpoint(self, sandbox_id: str, image: Path) -> str | None:
+        """Save a running sandbox into image (which stops it); None, or why it failed."""
+        done = self._call("checkpoint", "--image-path", str(image), sandbox_id, timeout_s=120.0)
+        return None if done.returncode == 0 else (done.stderr.strip() or "no reason given")
 
     def _call(self, *args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
         """Run a runsc command; one that outlives timeout_s is killed and reported as failed

@@ -37,6 +37,15 @@ EventCallback = Callable[[dict[str, Any]], None]
 # kernel caps output, so only a hostile one gets near this).
 _FLOOD_FACTOR = 4
 _BETWEEN_CELLS_BUDGET = 64 * MIB
+# Run silently in a kernel restored from a checkpoint, before anyone uses it: every clone of
+# one image would otherwise draw the same "random" numbers. (The str hash seed is fixed at
+# interpreter start-up and stays the template's.)
+AFTER_RESTORE = (
+    "import random, sys\n"
+    "random.seed()\n"
+    "if 'numpy' in sys.modules:\n"
+    "    sys.modules['numpy'].random.seed()\n"
+)
 
 
 class _Stage(enum.Enum):
@@ -125,9 +134,12 @@ class KernelClient:
                 lambda: _ChannelProtocol(self, self.max_frame_bytes), self.sandbox.stdout
             )
             self._writer, _ = await loop.connect_write_pipe(asyncio.Protocol, self.sandbox.stdin)
-            async with asyncio.timeout(timeout_s):
-                await self._ready
-            await asyncio.to_thread(self.sandbox.started)
+            if self.sandbox.restore_from is not None:
+                await self._restored(timeout_s)
+            else:
+                async with asyncio.timeout(timeout_s):
+                    await self._ready
+                await asyncio.to_thread(self.sandbox.started)
         except BaseException as exc:
             await self.close()
             if isinstance(exc, TimeoutError):
@@ -138,6 +150,18 @@ class KernelClient:
                 raise SandboxStartError(f"sandbox {self.id} exited while starting: {exc}") from exc
             raise
         self.alive = True
+
+    async def _restored(self, timeout_s: float) -> None:
+        """A restored kernel said it was ready before its checkpoint; its first cell is the
+        proof that it runs, and reseeds its random numbers."""
+        assert self._ready is not None
+        self._ready.set_result(None)
+        self.alive = True
+        result = await self.execute(AFTER_RESTORE, timeout_s=timeout_s, silent=True)
+        if result.status is not CellStatus.OK:
+            why = result.error["evalue"] if result.error else result.message
+            raise SandboxStartError(f"sandbox {self.id} did not come back from its image: {why}")
+        await asyncio.to_thread(self.sandbox.started)  # runsc knows its pid by now
 
     async def execute(
         self,

@@ -13,6 +13,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 from cloche.config import Limits
 from cloche.errors import SandboxStartError
@@ -57,6 +58,9 @@ class WarmPool:
         self._added = asyncio.Event()  # set when a kernel joins the pool
         self._refill_task: asyncio.Task[None] | None = None
         self._refill_timer: asyncio.TimerHandle | None = None
+        self._template_lock = asyncio.Lock()
+        self._image: Path | None = None  # the profile's checkpoint, once made
+        self._no_template = False  # the backend can't checkpoint, or restoring failed
         self._closed = False
         self.hits = 0
         self.misses = 0
@@ -91,7 +95,6 @@ class WarmPool:
             self._refill_soon()
             if kernel.alive:
                 self.hits += 1
-                kernel.sandbox.thaw()  # before its first cell comes, to overlap the wake-up
                 kernel.sandbox.serving()
                 return kernel
             log.warning("pooled sandbox %s died while waiting: %s", kernel.id, kernel.death)
@@ -116,17 +119,18 @@ class WarmPool:
     async def _start_with_retries(self, *, urgent: bool = False) -> KernelClient:
         error: Exception | None = None
         for attempt in range(1, START_ATTEMPTS + 1):
-            sandbox = self.backend.create(self.limits)
-            sandbox.urgent = urgent
-            kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)
             started = time.perf_counter()
+            image = await self._template() if self.profile.template else None
             try:
-                await kernel.start()
-                await self._preload(kernel)
-            except BaseException as exc:
-                await kernel.close()  # idempotent; also when cancelled mid-preload
-                if not isinstance(exc, SandboxStartError):
-                    raise
+                kernel = await self._start(urgent, image)
+            except SandboxStartError as exc:
+                if image is not None:
+                    log.warning(
+                        "restoring the %s template failed, starting afresh from now on: %s",
+                        self.profile.name,
+                        exc,
+                    )
+                    self._image, self._no_template = None, True
                 self.start_failures += 1
                 self.last_start_ok = False
                 self.on_start(self.profile.name, time.perf_counter() - started, False)
@@ -148,6 +152,55 @@ class WarmPool:
         raise SandboxStartError(
             f"no sandbox could be started after {START_ATTEMPTS} attempts: {error}"
         ) from error
+
+    async def _start(self, urgent: bool, image: Path | None = None) -> KernelClient:
+        """A started kernel of the profile: restored from image, or started and preloaded.
+
+        Raises:
+            SandboxStartError: it did not start.
+        """
+        sandbox = self.backend.create(self.limits)
+        sandbox.urgent = urgent
+        sandbox.restore_from = image
+        kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)
+        try:
+            await kernel.start()
+            if image is None:
+                await self._preload(kernel)
+        except BaseException:
+            await kernel.close()  # idempotent; also when cancelled mid-preload
+            raise
+        return kernel
+
+    async def _template(self) -> Path | None:
+        """The checkpoint image the pool restores, made by the first call; None when the
+        backend can't checkpoint (starting afresh then)."""
+        async with self._template_lock:
+            if self._image is not None or self._no_template:
+                return self._image
+            image = self.backend.state.path / "templates" / self.profile.name
+            started = time.perf_counter()
+            try:
+                kernel = await self._start(urgent=True)
+            except SandboxStartError as exc:
+                log.warning("no %s template (%s): starting afresh", self.profile.name, exc)
+                self._no_template = True
+                return None
+            try:
+                why = await asyncio.to_thread(kernel.sandbox.checkpoint, image)
+            finally:
+                await kernel.close(why="checkpointed as the template")
+            if why is not None:
+                log.warning("no %s template (%s): starting afresh", self.profile.name, why)
+                self._no_template = True
+                return None
+            log.info(
+                "template made profile=%s ms=%.0f",
+                self.profile.name,
+                (time.perf_counter() - started) * 1000,
+            )
+            self._image = image
+            return image
 
     async def _preload(self, kernel: KernelClient) -> None:
         if not self.profile.preload:
@@ -190,8 +243,6 @@ class WarmPool:
             if self._closed:
                 await kernel.close()
             else:
-                if self.limits.freeze_idle_s > 0:
-                    kernel.sandbox.freeze()  # nothing runs in it until a session takes it
                 self._ready.append(kernel)
                 self._added.set()
         finally:

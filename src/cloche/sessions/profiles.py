@@ -2,7 +2,9 @@
 
 `lean` starts with nothing imported (small, ~15 MiB). `data` has the data stack imported
 (~190 MiB, 2-2.6 s of imports inside gVisor), so that `import pandas` in a cell costs nothing.
-Each profile has its own warm pool.
+Each profile has its own warm pool. A profile with `template` set is started afresh once;
+its pool then restores copies of that sandbox's checkpoint, which is several times faster
+than starting and importing again (measured for `data`: ~0.9 s against ~5.5 s).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Profile:
 
     name: str
     preload: str = ""
+    template: bool = False  # refill the pool from a checkpoint of one started sandbox
 
 
 LEAN = Profile("lean")
@@ -29,6 +32,7 @@ DATA = Profile(
         "import matplotlib.pyplot\n"
         "import numpy, pandas, scipy, scipy.stats, sympy\n"
     ),
+    template=True,
 )
 PROFILES = {profile.name: profile for profile in (LEAN, DATA)}
 

@@ -1,0 +1,60 @@
+"""The data pool refills by restoring a checkpoint of one started sandbox (a template),
+against real gVisor: clones are separate sessions that draw their own random numbers, and a
+template that can't be restored sends the pool back to starting sandboxes afresh."""
+
+from __future__ import annotations
+
+import shutil
+
+from support import ServerThread, make_config, require_gvisor
+
+
+def run(server: ServerThread, session_id: str, code: str) -> str | None:
+    result = server.call(server.server.manager.execute(session_id, code))
+    assert result.status.value == "ok", result.error or result.message
+    return result.result_text
+
+
+def test_data_sessions_are_restored_clones_that_are_their_own(state_root):
+    require_gvisor()
+    with ServerThread(make_config(state_root, pool_size=0, data_pool_size=2)) as server:
+        manager = server.server.manager
+        pool = manager.pools["data"]
+        server.call(pool.wait_full(), timeout_s=300)
+        assert pool._image is not None, "no template was made"
+        kernels = list(pool._ready)
+        assert all(k.sandbox.restore_from == pool._image for k in kernels)
+        assert all(k.sandbox.sandbox_pid for k in kernels), "interrupts need the pid"
+
+        a = server.call(manager.create(profile="data")).id
+        b = server.call(manager.create(profile="data")).id
+        draws = "import random, numpy; (random.random(), float(numpy.random.rand()))"
+        assert run(server, a, draws) != run(server, b, draws)
+        assert run(server, a, "import pandas; open('mine.txt', 'w').write('a')") == "1"
+        assert run(server, b, "import os; os.listdir('.')") == "[]"
+        assert manager.files(a, None).read("mine.txt") == b"a"
+        assert run(server, a, "x = 41\nx + 1") == "42"
+        # The template itself was stopped by its checkpoint: only the clones run.
+        assert set(server.server.backend.runsc.list_ids()) == {k.id for k in kernels}
+        server.call(manager.close(a))
+        server.call(manager.close(b))
+
+
+def test_a_template_that_cannot_be_restored_sends_the_pool_back_to_fresh_starts(state_root):
+    require_gvisor()
+    with ServerThread(make_config(state_root, pool_size=0, data_pool_size=1)) as server:
+        manager = server.server.manager
+        pool = manager.pools["data"]
+        server.call(pool.wait_full(), timeout_s=300)
+        image = pool._image
+        assert image is not None
+        shutil.rmtree(image)
+        image.mkdir()  # an image directory with nothing in it
+
+        info = server.call(manager.create(profile="data"))  # the refill restores, and fails
+        server.call(pool.wait_full(), timeout_s=300)
+        assert pool._image is None and pool._no_template
+        assert pool._ready[0].sandbox.restore_from is None
+        assert run(server, info.id, "import sys; 'pandas' in sys.modules") == "True"
+        other = server.call(manager.create(profile="data"))
+        assert run(server, other.id, "import sys; 'pandas' in sys.modules") == "True"
