@@ -33,7 +33,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -82,7 +81,10 @@ def log(message: str) -> None:
 
 
 class Serve:
-    """`cloche serve` as a child process on free ports; its log goes to a file."""
+    """`cloche serve` as a child process on free ports; its log goes to a file.
+
+    The log goes to the file directly: a thread of this process copying it would wake for
+    every cell's log line and take the GIL from the clients being timed."""
 
     def __init__(self, state: Path, *args: str) -> None:
         self.state = state
@@ -101,25 +103,32 @@ class Serve:
             str(state),
             *args,
         ]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-        assert self.process.stderr is not None
-        self.log_file = self.log_path.open("w")
-        for line in self.process.stderr:
-            self.log_file.write(line)
-            match = re.search(r"listening tcp=\S+:(\d+) http=\S+:(\d+)", line)
-            if match:
-                self.tcp_port, self.http_port = int(match[1]), int(match[2])
-                break
-        else:
-            raise RuntimeError(f"cloche serve did not start; see {self.log_path}")
-        self._drain = threading.Thread(target=self._copy_log, daemon=True)
-        self._drain.start()
+        with self.log_path.open("w") as log_file:
+            self.process = subprocess.Popen(command, stderr=log_file)
+        until = time.monotonic() + 300
+        while not (match := re.search(r"listening tcp=\S+:(\d+) http=\S+:(\d+)", self.log())):
+            if self.process.poll() is not None or time.monotonic() > until:
+                raise RuntimeError(f"cloche serve did not start; see {self.log_path}")
+            time.sleep(0.1)  # polling its log for the line that gives the ports
+        self.tcp_port, self.http_port = int(match[1]), int(match[2])
         self.target = Target(url=f"http://127.0.0.1:{self.http_port}", tcp_port=self.tcp_port)
 
-    def _copy_log(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log_file.write(line)
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def start_times_ms(self, profile: str) -> dict[str, list[float]]:
+        """How long the server took to start the profile's sandboxes (from its log): afresh
+        (with the preload), restored from its template, and checkpointing the template."""
+        text = self.log()
+        found = {
+            "afresh": rf"sandbox started id=\S+ profile={profile} start_ms=([\d.]+) restored=no",
+            "restored": rf"sandbox started id=\S+ profile={profile} start_ms=([\d.]+) restored=yes",
+            "template": rf"template made profile={profile} start_ms=([\d.]+)",
+            "checkpoint": rf"template made profile={profile} start_ms=\S+ checkpoint_ms=([\d.]+)",
+        }
+        times = {name: [float(x) for x in re.findall(p, text)] for name, p in found.items()}
+        times["afresh"] += times.pop("template")  # the template is a start afresh too
+        return times
 
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"{self.target.url}/metrics", timeout=30).text
@@ -174,8 +183,6 @@ class Serve:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         self.process.wait(120)
-        self._drain.join(10)
-        self.log_file.close()
 
 
 @contextlib.contextmanager
@@ -668,6 +675,9 @@ def measure_all(
             if args.idle:
                 log(f"holding {args.idle} idle sessions")
                 idle_sessions_fit(run, server, args.idle)
+            for profile in ("lean", "data"):
+                for how, times in server.start_times_ms(profile).items():
+                    run.samples_ms[f"pool_start_{profile}_{how}"] = times
     save()
     log("new sessions without a pool")
     with serving(base / "nopool", "--pool-size", "0", "--data-pool-size", "0") as server:

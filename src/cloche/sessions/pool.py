@@ -119,8 +119,8 @@ class WarmPool:
     async def _start_with_retries(self, *, urgent: bool = False) -> KernelClient:
         error: Exception | None = None
         for attempt in range(1, START_ATTEMPTS + 1):
-            started = time.perf_counter()
             image = await self._template() if self.profile.template else None
+            started = time.perf_counter()
             try:
                 kernel = await self._start(urgent, image)
             except SandboxStartError as exc:
@@ -143,10 +143,11 @@ class WarmPool:
             self.last_start_ok = True
             self.on_start(self.profile.name, time.perf_counter() - started, True)
             log.info(
-                "sandbox started id=%s profile=%s start_ms=%.1f",
+                "sandbox started id=%s profile=%s start_ms=%.1f restored=%s",
                 kernel.id,
                 self.profile.name,
                 (time.perf_counter() - started) * 1000,
+                "yes" if image is not None else "no",
             )
             return kernel
         raise SandboxStartError(
@@ -186,6 +187,7 @@ class WarmPool:
                 log.warning("no %s template (%s): starting afresh", self.profile.name, exc)
                 self._no_template = True
                 return None
+            saving = time.perf_counter()
             try:
                 why = await asyncio.to_thread(kernel.sandbox.checkpoint, image)
             finally:
@@ -195,9 +197,10 @@ class WarmPool:
                 self._no_template = True
                 return None
             log.info(
-                "template made profile=%s ms=%.0f",
+                "template made profile=%s start_ms=%.1f checkpoint_ms=%.1f",
                 self.profile.name,
-                (time.perf_counter() - started) * 1000,
+                (saving - started) * 1000,
+                (time.perf_counter() - saving) * 1000,
             )
             self._image = image
             return image
