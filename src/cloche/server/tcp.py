@@ -169,5 +169,6 @@ class TCPFrontEnd:
 
     async def _send(self, writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
         writer.write(encode_frame(message))
-        async with asyncio.timeout(_WRITE_TIMEOUT_S):
-            await writer.drain()
+        if writer.transport.get_write_buffer_size():  # the client is behind on reading
+            async with asyncio.timeout(_WRITE_TIMEOUT_S):
+                await writer.drain()
