@@ -142,6 +142,18 @@ async def test_an_exception_is_reported_to_the_model(url):
         assert text_of(await run(client, "kept")).endswith("'yes'")
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_lone_surrogate_from_the_cell_reaches_the_model_as_an_escape(url, transport):
+    # A str UTF-8 can't encode, made by the code; the answer must still be sent.
+    async with CONNECTIONS[transport](url) as client:
+        result = await run(client, "print('out \\udfff'); raise ValueError('bad \\ud800')")
+        assert result.is_error
+        assert "ValueError: bad \\ud800" in text_of(result)
+        assert result.structured_content is not None
+        assert result.structured_content["error"]["evalue"] == "bad \\ud800"
+        assert text_of(await run(client, "'fine'")).endswith("'fine'")
+
+
 async def test_each_connection_gets_its_own_session(url, api):
     async with over_http(url, mode="legacy") as one, over_http(url, mode="legacy") as two:
         await run(one, "who = 'one'")

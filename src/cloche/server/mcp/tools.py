@@ -163,23 +163,41 @@ def execution_result(execution: Execution, note: str | None = None) -> CallToolR
         text = f"{text}\n\nnote: {note}"
     error = execution.error
     return CallToolResult(
-        content=[TextContent(type="text", text=text), *_images(execution)],
-        structured_content={
-            "session_id": execution.session_id,
-            "status": execution.status,
-            "stdout": execution.logs.stdout,
-            "stderr": execution.logs.stderr,
-            "result": execution.text,
-            "error": (
-                {"ename": error.ename, "evalue": error.evalue, "traceback": error.traceback}
-                if error
-                else None
-            ),
-            "execution_count": execution.execution_count,
-            "duration_ms": execution.duration_ms,
-        },
+        content=[TextContent(type="text", text=_sendable(text)), *_images(execution)],
+        structured_content=_sendable(
+            {
+                "session_id": execution.session_id,
+                "status": execution.status,
+                "stdout": execution.logs.stdout,
+                "stderr": execution.logs.stderr,
+                "result": execution.text,
+                "error": (
+                    {"ename": error.ename, "evalue": error.evalue, "traceback": error.traceback}
+                    if error
+                    else None
+                ),
+                "execution_count": execution.execution_count,
+                "duration_ms": execution.duration_ms,
+            }
+        ),
         is_error=execution.status != "ok",
     )
+
+
+def _sendable(value: Any) -> Any:
+    """Strs with any lone surrogate (user code can raise ValueError("\\ud800"), which
+    UTF-8 can't encode and the SDK would fail to send) spelled as its escape, `\\ud800`."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {key: _sendable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_sendable(item) for item in value]
+    return value
 
 
 def _file_content(path: str, data: bytes) -> list[ContentBlock]:
