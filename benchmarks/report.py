@@ -123,15 +123,16 @@ def targets(r: Results) -> list[list[str]]:
     level = _level(r, 100)
     if level is not None:
         cloche, floor_tp = level
-        share = cloche["throughput_per_s"] / floor_tp["throughput_per_s"]
-        rows.append(
-            [
-                f"{cloche['sessions']} sessions: cells/s ≥ 70% of the floor's echo",
-                f"{share:.0%} ({cloche['throughput_per_s']:,.0f} / "
-                f"{floor_tp['throughput_per_s']:,.0f})",
-                verdict(share >= 0.7, f"{0.7 - share:.0%} short"),
-            ]
-        )
+        if floor_tp is not None:
+            share = cloche["throughput_per_s"] / floor_tp["throughput_per_s"]
+            rows.append(
+                [
+                    f"{cloche['sessions']} sessions: cells/s ≥ 70% of the floor's echo",
+                    f"{share:.0%} ({cloche['throughput_per_s']:,.0f} / "
+                    f"{floor_tp['throughput_per_s']:,.0f})",
+                    verdict(share >= 0.7, f"{0.7 - share:.0%} short"),
+                ]
+            )
         p99 = cloche.get("p99_ms", float("inf"))
         rows.append(
             [
@@ -186,14 +187,15 @@ def _inside(mem: dict[str, Any], profile: str) -> float | None:
     return max(values) if values else None
 
 
-def _level(r: Results, sessions: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _level(r: Results, sessions: int) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """(cloche, the floor or None if it wasn't measured) at the level nearest `sessions`."""
     rows = {(t["system"], t["sessions"]): t for t in r["throughput"]}
     if ("cloche", sessions) not in rows:
         available = sorted(s for (system, s) in rows if system == "cloche")
         if not available:
             return None
         sessions = min(available, key=lambda s: abs(s - sessions))
-    return rows[("cloche", sessions)], rows[("floor", sessions)]
+    return rows[("cloche", sessions)], rows.get(("floor", sessions))
 
 
 def render_markdown(r: Results) -> str:
@@ -258,13 +260,13 @@ def render_markdown(r: Results) -> str:
         rows.append(
             [
                 str(level),
-                f"{floor['throughput_per_s']:,.0f}",
+                f"{floor['throughput_per_s']:,.0f}" if floor else "-",
                 f"{cloche['throughput_per_s']:,.0f}",
-                f"{cloche['throughput_per_s'] / floor['throughput_per_s']:.0%}",
-                f"{floor.get('p99_ms', 0):.2f}",
+                f"{cloche['throughput_per_s'] / floor['throughput_per_s']:.0%}" if floor else "-",
+                f"{floor.get('p99_ms', 0):.2f}" if floor else "-",
                 f"{cloche.get('p50_ms', 0):.2f}",
                 f"{cloche.get('p99_ms', 0):.2f}",
-                str(cloche["errors"] + floor["errors"]),
+                str(cloche["errors"] + (floor["errors"] if floor else 0)),
             ]
         )
     out += [table(rows), ""]
