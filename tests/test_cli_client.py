@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -194,6 +195,8 @@ def spawn_repl(
         encoding="utf-8",
         timeout=30,
         dimensions=(40, 200),
+        # Ctrl-C as in a terminal, even under a shell's background job that ignores SIGINT.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     repl.expect(r"session ([0-9a-f]{32}) \(lean\)")
     session_id = str(repl.match[1])

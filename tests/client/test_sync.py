@@ -187,7 +187,16 @@ def test_interrupt_stops_the_running_cell_and_the_session_survives(session):
     assert session.run("survivor").text == "42"
 
 
-def test_ctrl_c_during_run_interrupts_the_cell_through_the_api(session):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt, as in a terminal, even when pytest was started in
+    the background by a shell, which makes it inherit SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_run_interrupts_the_cell_through_the_api(session, ctrl_c_raises):
     """KeyboardInterrupt while waiting for a cell stops that cell; the session lives on."""
     session.run("survivor = 'yes'")
     main_thread = threading.main_thread().ident
