@@ -274,6 +274,13 @@ def test_config_from_args_does_build_the_limits_from_flags(tmp_path):
     )
 
 
+def test_the_data_template_is_on_unless_turned_off(monkeypatch, tmp_path):
+    assert config_of(tmp_path=tmp_path).data_template is True
+    assert config_of("--data-template", "no", tmp_path=tmp_path).data_template is False
+    monkeypatch.setenv("CLOCHE_DATA_TEMPLATE", "off")
+    assert config_of(tmp_path=tmp_path).data_template is False
+
+
 def test_config_from_args_does_clamp_a_negative_pool_size_to_zero(tmp_path):
     assert config_of("--pool-size", "-3", tmp_path=tmp_path).pool_size == 0
 

@@ -81,6 +81,13 @@ SERVE_OPTIONS = (
         _config.data_pool_size,
         "sandboxes with the data stack imported kept ready (~190 MiB each)",
     ),
+    _Option(
+        "--data-template",
+        _flag,
+        _config.data_template,
+        "refill the data pool from a checkpoint of one started sandbox (~4x faster; ~50 MiB "
+        "more per data session; they share its str hash seed); no: start each afresh",
+    ),
     _Option("--max-sessions", int, _config.max_sessions, "sessions held at once; beyond, refused"),
     _Option(
         "--max-queued-cells",
@@ -267,6 +274,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         platform=args.platform,
         pool_size=max(0, args.pool_size),
         data_pool_size=max(0, args.data_pool_size),
+        data_template=args.data_template,
         max_sessions=args.max_sessions,
         max_queued_cells=args.max_queued_cells,
         max_frame_bytes=args.max_frame_bytes,

@@ -58,3 +58,16 @@ def test_a_template_that_cannot_be_restored_sends_the_pool_back_to_fresh_starts(
         assert run(server, info.id, "import sys; 'pandas' in sys.modules") == "True"
         other = server.call(manager.create(profile="data"))
         assert run(server, other.id, "import sys; 'pandas' in sys.modules") == "True"
+
+
+def test_without_the_template_data_sandboxes_start_afresh(state_root):
+    require_gvisor()
+    config = make_config(state_root, pool_size=0, data_pool_size=1, data_template=False)
+    with ServerThread(config) as server:
+        pool = server.server.manager.pools["data"]
+        server.call(pool.wait_full(), timeout_s=300)
+        assert pool._image is None
+        assert pool._ready[0].sandbox.restore_from is None
+        assert not (server.server.backend.state.path / "templates").exists()
+        info = server.call(server.server.manager.create(profile="data"))
+        assert run(server, info.id, "import sys; 'pandas' in sys.modules") == "True"

@@ -148,7 +148,11 @@ class LocalSessionManager(SessionManager):
             profile.name: WarmPool(
                 backend,
                 config.limits,
-                replace(profile, preload=profile.preload + llm_setup),
+                replace(
+                    profile,
+                    preload=profile.preload + llm_setup,
+                    template=profile.template and config.data_template,
+                ),
                 size=size,
                 max_frame_bytes=config.max_frame_bytes,
                 start_concurrency=config.start_concurrency,
