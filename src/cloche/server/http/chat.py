@@ -19,8 +19,8 @@ from cloche.errors import LLMUnavailable
 from cloche.llm.context import put_context_value
 from cloche.llm.rlm import RLM
 from cloche.server.http.auth import owner_of
-from cloche.server.http.jsonbody import JSONBody
 from cloche.server.http.models import ChatCompletion, ChatCompletionRequest, ChatMessage, ErrorBody
+from cloche.server.jsonbody import JSONBody
 from cloche.sessions.manager import SessionManager
 
 log = logging.getLogger("cloche.http")

@@ -24,7 +24,7 @@ from cloche.errors import (
     Unauthorized,
     UnknownProfile,
 )
-from cloche.server.http.jsonbody import JSONBody, json_bytes
+from cloche.server.jsonbody import JSONBody, json_bytes
 
 log = logging.getLogger("cloche.http")
 

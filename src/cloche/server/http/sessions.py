@@ -19,7 +19,6 @@ from cloche.errors import ClocheError, PathRefused
 from cloche.llm.context import put_context_value
 from cloche.sandbox.files import normalise
 from cloche.server.http.auth import owner_of
-from cloche.server.http.jsonbody import JSONBody, json_text
 from cloche.server.http.models import (
     ErrorBody,
     ExecuteRequest,
@@ -31,6 +30,7 @@ from cloche.server.http.models import (
     SessionOut,
 )
 from cloche.server.http.results import execute_body
+from cloche.server.jsonbody import JSONBody, json_text
 from cloche.sessions.manager import SessionManager
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo

@@ -27,6 +27,7 @@ from cloche.client.aio import AsyncClient, AsyncSession
 from cloche.client.execution import Execution
 from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
 from cloche.errors import ClocheError, SessionNotFound
+from cloche.server.jsonbody import map_leaves
 
 log = logging.getLogger("cloche.mcp")
 
@@ -187,16 +188,16 @@ def execution_result(execution: Execution, note: str | None = None) -> CallToolR
 def _sendable(value: Any) -> Any:
     """Strs with any lone surrogate (user code can raise ValueError("\\ud800"), which
     UTF-8 can't encode and the SDK would fail to send) spelled as its escape, `\\ud800`."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return map_leaves(value, _escaped_surrogates)
+
+
+def _escaped_surrogates(value: Any) -> Any:
+    if not isinstance(value, str):
         return value
-    if isinstance(value, dict):
-        return {key: _sendable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_sendable(item) for item in value]
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value
 
 

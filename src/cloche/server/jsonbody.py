@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -32,14 +33,18 @@ def json_bytes(content: Any) -> bytes:
     return json_text(content).encode("utf-8", "backslashreplace")
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
+def map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """A copy of JSON-shaped content (dicts, lists, tuples) with leaf() applied to every
+    value that is neither; keys are kept as they are."""
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: map_leaves(item, leaf) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
+        return [map_leaves(item, leaf) for item in value]
+    return leaf(value)
+
+
+def _finite(value: Any) -> Any:
+    return map_leaves(value, lambda x: None if isinstance(x, float) and not math.isfinite(x) else x)
 
 
 class JSONBody(JSONResponse):
