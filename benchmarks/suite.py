@@ -732,9 +732,15 @@ def new_sessions(run: Run, server: Serve, count: int) -> None:
                 await asyncio.to_thread(server.wait_pooled, profile, size)
                 await asyncio.sleep(0.2)
 
-            for profile, size in (("lean", POOL), ("data", DATA_POOL)):
+            async def sample(key: str, make: Callable[[], Worker], profile: str) -> None:
+                """`count` operations, each after a rest, into run.samples_ms[key]."""
+                size = POOL if profile == "lean" else DATA_POOL
+                before = functools.partial(rest, profile, size)
+                report = await measure(key, make, total=count, before_each=before)
+                run.samples_ms[key] = [s * 1000 for s in report.samples_s]
+
+            for profile in ("lean", "data"):
                 target = Target(url=server.target.url, tcp_port=server.tcp_port, profile=profile)
-                full = functools.partial(rest, profile, size)
                 kinds: dict[str, Callable[[], Worker]] = {
                     f"new_session_{profile}": lambda t=target: NewSession(t, HTTPSessions(t, http)),
                     f"create_only_{profile}": lambda t=target: CreateOnly(t, HTTPSessions(t, http)),
@@ -743,17 +749,10 @@ def new_sessions(run: Run, server: Serve, count: int) -> None:
                     ),
                 }
                 for key, make in kinds.items():
-                    report = await measure(key, make, total=count, before_each=full)
-                    run.samples_ms[key] = [s * 1000 for s in report.samples_s]
+                    await sample(key, make, profile)
             # The same rest before a cell of a session that exists: what the pause alone
             # costs (an idle machine's first request after it is slower, whatever it does).
-            report = await measure(
-                "cell after pause",
-                lambda: HTTPCell(server.target, sessions),
-                total=count,
-                before_each=functools.partial(rest, "lean", POOL),
-            )
-            run.samples_ms["cell_after_pause"] = [s * 1000 for s in report.samples_s]
+            await sample("cell_after_pause", lambda: HTTPCell(server.target, sessions), "lean")
             data_id = await sessions.create("data")
             try:
                 for module in ("numpy", "scipy", "sympy", "matplotlib.pyplot"):
@@ -769,13 +768,7 @@ def new_sessions(run: Run, server: Serve, count: int) -> None:
             finally:
                 await sessions.delete(data_id)
 
-            report = await measure(
-                "terrarium",
-                lambda: Terrarium(server.target, http),
-                total=count,
-                before_each=functools.partial(rest, "data", DATA_POOL),
-            )
-            run.samples_ms["terrarium"] = [s * 1000 for s in report.samples_s]
+            await sample("terrarium", lambda: Terrarium(server.target, http), "data")
 
     asyncio.run(go())
 

@@ -46,59 +46,69 @@ def sandbox_pids(instance: str, sandbox_id: str) -> list[int]:
     return [int(pid) for pid in procs]
 
 
-def test_an_idle_session_is_frozen_burns_nothing_and_thaws_with_its_state(make_server):
-    server = make_server(pool_size=1, limits=Limits(freeze_idle_s=0.2))
-    manager = server.server.manager
-    instance = server.server.backend.state.instance
-    info = server.call(manager.create())
-    sandbox_id = manager._sessions[info.id].kernel.id
-    assert server.call(manager.execute(info.id, "x = 41")).status.value == "ok"
+class OneSession:
+    """A server with one session, and where to look at its sandbox's cgroup."""
 
-    wait_for_state(instance, sandbox_id, "FROZEN")
-    pids = sandbox_pids(instance, sandbox_id)
+    def __init__(self, make_server, freeze_idle_s: float) -> None:
+        self.server = make_server(pool_size=1, limits=Limits(freeze_idle_s=freeze_idle_s))
+        self.manager = self.server.server.manager
+        self.instance = self.server.server.backend.state.instance
+        self.id = self.server.call(self.manager.create()).id
+        self.sandbox_id = self.manager._sessions[self.id].kernel.id
+
+    def run(self, code: str):
+        return self.server.call(self.manager.execute(self.id, code))
+
+    def state(self) -> str:
+        return freezer_state(self.instance, self.sandbox_id)
+
+    def wait_for(self, wanted: str) -> None:
+        wait_for_state(self.instance, self.sandbox_id, wanted)
+
+    def close(self) -> None:
+        self.server.call(self.manager.close(self.id))
+
+
+def test_an_idle_session_is_frozen_burns_nothing_and_thaws_with_its_state(make_server):
+    one = OneSession(make_server, freeze_idle_s=0.2)
+    assert one.run("x = 41").status.value == "ok"
+
+    one.wait_for("FROZEN")
+    pids = sandbox_pids(one.instance, one.sandbox_id)
     assert pids
     before = cpu_ticks(pids)
     time.sleep(1.0)  # an unfrozen idle sandbox burns a few ticks in a second here
     assert cpu_ticks(pids) == before
 
-    result = server.call(manager.execute(info.id, "x + 1"))
-    assert result.result_text == "42"
-    assert freezer_state(instance, sandbox_id) == "THAWED"
-    wait_for_state(instance, sandbox_id, "FROZEN")  # idle again, frozen again
-    server.call(manager.close(info.id))
-    assert not (FREEZER / cgroups.cgroups_path(instance, sandbox_id).strip("/")).exists()
+    assert one.run("x + 1").result_text == "42"
+    assert one.state() == "THAWED"
+    one.wait_for("FROZEN")  # idle again, frozen again
+    one.close()
+    assert not (FREEZER / cgroups.cgroups_path(one.instance, one.sandbox_id).strip("/")).exists()
 
 
 def test_a_session_busy_on_its_own_is_left_running_until_it_stops(make_server):
-    server = make_server(pool_size=1, limits=Limits(freeze_idle_s=0.2))
-    manager = server.server.manager
-    instance = server.server.backend.state.instance
-    info = server.call(manager.create())
-    sandbox_id = manager._sessions[info.id].kernel.id
+    one = OneSession(make_server, freeze_idle_s=0.2)
     spin = (
         "import threading\nspinning = True\n"
         "def spin():\n    while spinning:\n        pass\n"
         "threading.Thread(target=spin, daemon=True).start()"
     )
-    assert server.call(manager.execute(info.id, spin)).status.value == "ok"
+    assert one.run(spin).status.value == "ok"
     time.sleep(0.2 + 2 * session.FREEZE_PROBE_S + 0.5)  # two looks at its CPU use
-    assert freezer_state(instance, sandbox_id) == "THAWED"
+    assert one.state() == "THAWED"
 
-    assert server.call(manager.execute(info.id, "spinning = False")).status.value == "ok"
-    wait_for_state(instance, sandbox_id, "FROZEN")
-    server.call(manager.close(info.id))
+    assert one.run("spinning = False").status.value == "ok"
+    one.wait_for("FROZEN")
+    one.close()
 
 
 def test_without_the_setting_nothing_is_frozen(make_server):
-    server = make_server(pool_size=1, limits=Limits(freeze_idle_s=0))
-    manager = server.server.manager
-    instance = server.server.backend.state.instance
-    info = server.call(manager.create())
-    sandbox_id = manager._sessions[info.id].kernel.id
-    assert server.call(manager.execute(info.id, "1")).status.value == "ok"
+    one = OneSession(make_server, freeze_idle_s=0)
+    assert one.run("1").status.value == "ok"
     time.sleep(0.2 + session.FREEZE_PROBE_S + 0.5)  # longer than the other tests' delays
-    assert freezer_state(instance, sandbox_id) == "THAWED"
-    server.call(manager.close(info.id))
+    assert one.state() == "THAWED"
+    one.close()
 
 
 def test_frozen_sessions_of_a_killed_server_are_cleaned_up_by_the_next(tmp_path):

@@ -5,8 +5,22 @@ template that can't be restored sends the pool back to starting sandboxes afresh
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+from cloche.sessions.pool import WarmPool
 from support import ServerThread, make_config, require_gvisor
+
+
+@contextmanager
+def data_server(state_root: Path, **config: object) -> Iterator[tuple[ServerThread, WarmPool]]:
+    """A server with only a data pool, and that pool once it is full."""
+    require_gvisor()
+    with ServerThread(make_config(state_root, pool_size=0, **config)) as server:
+        pool = server.server.manager.pools["data"]
+        server.call(pool.wait_full(), timeout_s=300)
+        yield server, pool
 
 
 def run(server: ServerThread, session_id: str, code: str) -> str | None:
@@ -16,11 +30,8 @@ def run(server: ServerThread, session_id: str, code: str) -> str | None:
 
 
 def test_data_sessions_are_restored_clones_that_are_their_own(state_root):
-    require_gvisor()
-    with ServerThread(make_config(state_root, pool_size=0, data_pool_size=2)) as server:
+    with data_server(state_root, data_pool_size=2) as (server, pool):
         manager = server.server.manager
-        pool = manager.pools["data"]
-        server.call(pool.wait_full(), timeout_s=300)
         assert pool._image is not None, "no template was made"
         kernels = list(pool._ready)
         assert all(k.sandbox.restore_from == pool._image for k in kernels)
@@ -41,11 +52,8 @@ def test_data_sessions_are_restored_clones_that_are_their_own(state_root):
 
 
 def test_a_template_that_cannot_be_restored_sends_the_pool_back_to_fresh_starts(state_root):
-    require_gvisor()
-    with ServerThread(make_config(state_root, pool_size=0, data_pool_size=1)) as server:
+    with data_server(state_root, data_pool_size=1) as (server, pool):
         manager = server.server.manager
-        pool = manager.pools["data"]
-        server.call(pool.wait_full(), timeout_s=300)
         image = pool._image
         assert image is not None
         shutil.rmtree(image)
@@ -61,11 +69,7 @@ def test_a_template_that_cannot_be_restored_sends_the_pool_back_to_fresh_starts(
 
 
 def test_without_the_template_data_sandboxes_start_afresh(state_root):
-    require_gvisor()
-    config = make_config(state_root, pool_size=0, data_pool_size=1, data_template=False)
-    with ServerThread(config) as server:
-        pool = server.server.manager.pools["data"]
-        server.call(pool.wait_full(), timeout_s=300)
+    with data_server(state_root, data_pool_size=1, data_template=False) as (server, pool):
         assert pool._image is None
         assert pool._ready[0].sandbox.restore_from is None
         assert not (server.server.backend.state.path / "templates").exists()
