@@ -75,8 +75,19 @@ class ServerThread:
         return TCPClient("127.0.0.1", self.tcp_port)
 
 
+def fresh_data_dir(state_dir: Path) -> Path:
+    """A data directory of a server's own, beside (never inside) the state directory."""
+    import tempfile
+
+    base = state_dir.parent / "data"
+    base.mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=base))
+
+
 def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
     limits = overrides.pop("limits", Limits(cell_timeout_s=20.0, interrupt_grace_s=1.0))
+    if "data_dir" not in overrides:
+        overrides["data_dir"] = fresh_data_dir(state_dir)
     config = ServerConfig(
         tcp_port=0,
         http_port=0,
@@ -112,6 +123,7 @@ class ServerProcess:
             str(state_dir),
             "--pool-size",
             "1",
+            *([] if "--data-dir" in args else ["--data-dir", str(fresh_data_dir(state_dir))]),
             *args,
         ]
         self.process = subprocess.Popen(

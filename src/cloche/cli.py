@@ -127,6 +127,28 @@ SERVE_OPTIONS = (
         "seconds idle after which a session's sandbox is frozen (no CPU; thawed by its next "
         "cell; not while it is busy on its own; sleeping threads pause); 0 = never",
     ),
+    _Option(
+        "--pause-idle",
+        float,
+        _limits.pause_idle_s,
+        "seconds idle after which a session is paused to disk (no memory; its next request "
+        "resumes it); 0 = never",
+    ),
+    _Option(
+        "--data-dir",
+        Path,
+        _config.data_dir,
+        "where paused sessions, snapshots and session records live (root-only); a restarted "
+        "server on the same directory resumes its sessions",
+    ),
+    _Option("--data-max-mib", int, _config.data_max_mib, "disk budget of --data-dir, MiB"),
+    _Option(
+        "--max-paused-sessions",
+        int,
+        _config.max_paused_sessions,
+        "sessions paused on disk at once (not counted by --max-sessions)",
+    ),
+    _Option("--max-fork", int, _config.max_fork, "copies one fork request may make"),
     _Option("--max-frame-bytes", int, _config.max_frame_bytes, "largest request frame, bytes"),
     _Option("--max-connections", int, _config.max_connections, "open TCP connections at once"),
     _Option(
@@ -251,9 +273,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         lifetime_s=args.lifetime,
         cpu_quota=args.cpu_quota,
         freeze_idle_s=args.freeze_idle,
+        pause_idle_s=args.pause_idle,
     )
-    if not args.freeze_idle >= 0:  # NaN too
-        raise ConfigError(f"--freeze-idle must be 0 (never) or more, not {args.freeze_idle}")
+    for flag, value in (("--freeze-idle", args.freeze_idle), ("--pause-idle", args.pause_idle)):
+        if not value >= 0:  # NaN too
+            raise ConfigError(f"{flag} must be 0 (never) or more, not {value}")
     for name, flag in (
         ("cell_timeout_s", "--cell-timeout"),
         ("memory_mib", "--memory-mib"),
@@ -282,6 +306,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         connection_idle_timeout_s=args.connection_timeout,
         limits=limits,
         state_dir=args.state_dir,
+        data_dir=args.data_dir,
+        data_max_mib=args.data_max_mib,
+        max_paused_sessions=args.max_paused_sessions,
+        max_fork=args.max_fork,
         runtime_dir=args.runtime_dir or _default_runtime_dir(),
         tokens=frozenset(tokens),
         llm=_llm_config(args),

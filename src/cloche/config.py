@@ -30,6 +30,9 @@ class Limits:
     # is frozen pauses its sleeping threads too. 0: never. (Pooled sandboxes are not frozen:
     # one killed from outside while frozen would die only when thawed, after being handed out.)
     freeze_idle_s: float = 30.0
+    # Seconds a session may sit idle before it is paused to disk (`--pause-idle`): its
+    # sandbox is checkpointed and stopped, and its next request brings it back. 0: never.
+    pause_idle_s: float = 600.0
 
     @property
     def cgroup_memory_mib(self) -> int:
@@ -58,6 +61,14 @@ class LLMConfig:
     log_prompts: bool = False  # log prompts and answers (at debug level)
     rlm_max_iterations: int = 20  # root-model turns of one RLM run
     rlm_output_chars: int = 20_000  # REPL output shown to the root model per code block
+
+
+def default_data_dir() -> Path:
+    """Where paused sessions and snapshots live: /var/lib/cloche as root."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/cloche")
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "cloche"
 
 
 def default_state_dir() -> Path:
@@ -89,6 +100,12 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     state_dir: Path = field(default_factory=default_state_dir)
     runtime_dir: Path | None = None  # site-packages for code inside the sandbox
+    # Paused sessions, snapshots and the records of sessions (root-only: images hold memory).
+    data_dir: Path = field(default_factory=default_data_dir)
+    data_max_mib: int = 20 * 1024  # disk budget of data_dir
+    max_paused_sessions: int = 5000
+    max_fork: int = 16  # copies one fork request may make
+    pause_concurrency: int = 4  # sessions paused at once at shutdown
     tokens: frozenset[str] = frozenset()
     platform: str = "auto"  # runsc platform: auto, systrap, ptrace
     start_concurrency: int = 0  # sandboxes started at once by the pool; 0 = number of cores

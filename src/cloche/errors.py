@@ -18,9 +18,16 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   └── KernelDied              it exited or broke the channel while in use
     ├── SessionError                a request about sessions can't be served
     │   ├── SessionNotFound         unknown, closed, expired, or someone else's
+    │   ├── SessionLost             it was live when its server died, or can't be resumed
     │   ├── SessionBusy             its queue of waiting cells is full
     │   ├── TooManySessions         the server is at --max-sessions
     │   ├── UnknownProfile          no session profile of that name
+    │   ├── SnapshotNotFound        unknown, deleted, or someone else's snapshot
+    │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
+    │   ├── CheckpointFailed        a session could not be saved (it keeps running)
+    │   │   └── StorageFull         --data-dir is at its budget, or its disk is full
+    │   ├── TooManyPausedSessions   --max-paused-sessions are already on disk
+    │   ├── ForkRefused             a fork asked for no copies, or more than --max-fork
     │   ├── Unauthorized            a token is required and was missing or wrong
     │   └── PathRefused             a path in a working directory can't be read or written
     │       └── PathNotFound        nothing is there
@@ -109,6 +116,15 @@ class SessionNotFound(SessionError):
         self.session_id = session_id
 
 
+class SessionLost(SessionError):
+    """The session existed but is gone for good: its server died while it was live, or its
+    saved image could not be brought back. Not "not found": the client is told why."""
+
+    def __init__(self, session_id: str, why: str = "when the server stopped unexpectedly") -> None:
+        super().__init__(f"Session {session_id} was lost {why}")
+        self.session_id = session_id
+
+
 class SessionBusy(SessionError):
     """Too many cells are already waiting for this session."""
 
@@ -119,6 +135,34 @@ class TooManySessions(SessionError):
 
 class UnknownProfile(SessionError):
     """No session profile has that name."""
+
+
+class SnapshotNotFound(SessionError):
+    """The snapshot is unknown, deleted, or belongs to another token."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(f"Snapshot {snapshot_id} not found")
+        self.snapshot_id = snapshot_id
+
+
+class RestoreRefused(SessionError):
+    """A saved image can't be restored: damaged, or made by another runsc or runtime."""
+
+
+class CheckpointFailed(SessionError):
+    """A session could not be saved to disk; it goes on running as it was."""
+
+
+class StorageFull(CheckpointFailed):
+    """--data-dir is at its budget (--data-max-mib), or its disk is full."""
+
+
+class TooManyPausedSessions(SessionError):
+    """--max-paused-sessions sessions are already paused on disk."""
+
+
+class ForkRefused(SessionError):
+    """A fork asked for no copies, or more than --max-fork."""
 
 
 class Unauthorized(SessionError):

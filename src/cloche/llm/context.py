@@ -45,7 +45,7 @@ async def put_context(
             could not load it (not JSON, or over --memory-mib).
     """
     name = CONTEXT_FILES[kind]
-    writer = _Writer(manager.files(session_id, owner), name)
+    writer = _Writer(await manager.files(session_id, owner), name)
     await asyncio.to_thread(writer.open)
     try:
         buffer = bytearray()

@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import IO, ClassVar
 
@@ -64,6 +65,9 @@ class Sandbox(abc.ABC):
         # A checkpoint image to restore instead of starting the kernel afresh (see
         # `checkpoint`): the kernel comes back as it was saved, without a `ready` message.
         self.restore_from: Path | None = None
+        # With restore_from: the saved working directory (see `archive.pack`), laid into the
+        # new working directory before the kernel comes back, so its open files are found.
+        self.seed: Path | None = None
 
     @abc.abstractmethod
     def launch(self) -> None:
@@ -83,9 +87,10 @@ class Sandbox(abc.ABC):
     def thaw(self) -> None:  # noqa: B027  # optional hook
         """Let a frozen sandbox run again. Cheap when it isn't frozen."""
 
-    def checkpoint(self, image: Path) -> str | None:
+    def checkpoint(self, image: Path, *, leave_running: bool = False) -> str | None:
         """Save the running sandbox into the directory image, for `restore_from`; this
-        stops it. None when saved, else why not (a backend that can't says so)."""
+        stops it unless leave_running. None when saved, else why not (a backend that can't
+        says so). The working directory is not in the image: save it with `archive.pack`."""
         return f"the {type(self).__name__} backend can't checkpoint"
 
     def cpu_seconds(self) -> float | None:
@@ -199,6 +204,10 @@ class Backend(abc.ABC):
     def shutdown(self) -> None:
         """Release the state directory. Sandboxes must be closed before."""
         self.state.release()
+
+    def image_origin(self) -> str:
+        """What a checkpoint image made here depends on: another is not restored."""
+        return f"{self.name} python {sys.version.split()[0]}"
 
     def new_id(self) -> str:
         return secrets.token_hex(8)

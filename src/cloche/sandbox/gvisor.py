@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cloche.config import Limits, ServerConfig
 from cloche.errors import BackendUnavailable, SandboxStartError
-from cloche.sandbox import cgroups, mounts
+from cloche.sandbox import archive, cgroups, mounts
 from cloche.sandbox.base import (
     KERNEL_PACKAGE_DIR,
     Backend,
@@ -115,6 +115,14 @@ class GVisorBackend(Backend):
         finally:
             sandbox.close(grace_s=5.0)
 
+    def image_origin(self) -> str:
+        assert self.runsc is not None
+        runtime = ""
+        if self.config.runtime_dir is not None and self.config.runtime_dir.is_dir():
+            stat = self.config.runtime_dir.stat()
+            runtime = f" runtime {self.config.runtime_dir.resolve()}@{stat.st_mtime_ns}"
+        return f"{super().image_origin()} runsc {self.runsc.version} {self.runsc.platform}{runtime}"
+
     def create(self, limits: Limits) -> GVisorSandbox:
         return GVisorSandbox(self, self.new_id(), limits)
 
@@ -171,6 +179,8 @@ class GVisorSandbox(Sandbox):
         self.workdir.mkdir(parents=True)
         mounts.mount_tmpfs(self.workdir, self.limits.disk_mib, SANDBOX_UID, SANDBOX_GID)
         self._mounted = True
+        if self.seed is not None:
+            archive.unpack(self.seed, self.workdir, SANDBOX_UID, SANDBOX_GID)
         bundle = self.home / "bundle"
         bundle.mkdir()
         config = oci_config(
@@ -218,10 +228,10 @@ class GVisorSandbox(Sandbox):
     def cpu_seconds(self) -> float | None:
         return cgroups.cpu_usage_s(self._cgroup)
 
-    def checkpoint(self, image: Path) -> str | None:
+    def checkpoint(self, image: Path, *, leave_running: bool = False) -> str | None:
         self.thaw()
-        image.mkdir(parents=True, exist_ok=True)
-        return self.runsc.checkpoint(self.id, image)
+        image.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.runsc.checkpoint(self.id, image, leave_running=leave_running)
 
     @property
     def _cgroup(self) -> str:

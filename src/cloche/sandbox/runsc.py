@@ -82,9 +82,15 @@ class Runsc:
             ]
         return [*self.global_args(), "run", "--bundle", str(bundle), sandbox_id]
 
-    def checkpoint(self, sandbox_id: str, image: Path) -> str | None:
-        """Save a running sandbox into image (which stops it); None, or why it failed."""
-        done = self._call("checkpoint", "--image-path", str(image), sandbox_id, timeout_s=120.0)
+    def checkpoint(
+        self, sandbox_id: str, image: Path, *, leave_running: bool = False
+    ) -> str | None:
+        """Save a running sandbox into image; None, or why it failed. The sandbox stops,
+        unless leave_running: then it goes on as if nothing happened (its pipes too)."""
+        extra = ["--leave-running"] if leave_running else []
+        done = self._call(
+            "checkpoint", "--image-path", str(image), *extra, sandbox_id, timeout_s=120.0
+        )
         return None if done.returncode == 0 else (done.stderr.strip() or "no reason given")
 
     def _call(self, *args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:

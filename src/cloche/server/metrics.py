@@ -132,6 +132,35 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Durability: sessions saved to disk and brought back.
+        self.pauses = Counter(
+            "cloche_session_pauses",
+            "Sessions paused to disk, by reason (request, idle, room, shutdown)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.resumes = Counter(
+            "cloche_session_resumes",
+            "Paused sessions brought back, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.snapshots = Counter("cloche_snapshots", "Snapshots taken", registry=self.registry)
+        self.forks = Counter("cloche_fork_copies", "Sessions made by forks", registry=self.registry)
+        self.image_bytes = Counter(
+            "cloche_image_bytes",
+            "Bytes of checkpoint images written, by kind (pause, snapshot, fork)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.restore_time = Histogram(
+            "cloche_restore_seconds",
+            "Time to restore a sandbox from an image, by kind (resume, snapshot, fork)",
+            ["kind"],
+            buckets=_START_BUCKETS_S,
+            registry=self.registry,
+        )
+
     def watch(self, manager: LocalSessionManager) -> None:
         """Report the manager's live state (sessions, pools) at each scrape."""
         self.registry.register(_ManagerCollector(manager))
@@ -169,6 +198,14 @@ class _ManagerCollector(Collector):
         active = GaugeMetricFamily("cloche_sessions_active", "Sessions alive now")
         active.add_metric([], self.manager.session_count)
         yield active
+        paused = GaugeMetricFamily("cloche_sessions_paused", "Sessions paused on disk")
+        paused.add_metric([], self.manager.paused_count)
+        yield paused
+        stored = GaugeMetricFamily(
+            "cloche_data_dir_bytes", "Bytes of images and archives in --data-dir"
+        )
+        stored.add_metric([], self.manager.store.used_bytes)
+        yield stored
         pooled = GaugeMetricFamily(
             "cloche_sessions_pooled",
             "Started sandboxes waiting in the warm pool",

@@ -107,6 +107,9 @@ class KernelClient:
         self._exit_step: ExitStep | None = None
         self.killing = False
         self.llm: KernelLLM | None = None  # answers the cells' llm_query, when configured
+        # A kernel restored from an image reseeds its random numbers first (a copy of a
+        # session must not draw the same ones); a paused session resumed goes on exactly.
+        self.reseed = True
 
     @property
     def id(self) -> str:
@@ -157,7 +160,8 @@ class KernelClient:
         assert self._ready is not None
         self._ready.set_result(None)
         self.alive = True
-        result = await self.execute(AFTER_RESTORE, timeout_s=timeout_s, silent=True)
+        code = AFTER_RESTORE if self.reseed else "pass"
+        result = await self.execute(code, timeout_s=timeout_s, silent=True)
         if result.status is not CellStatus.OK:
             why = result.error["evalue"] if result.error else result.message
             raise SandboxStartError(f"sandbox {self.id} did not come back from its image: {why}")

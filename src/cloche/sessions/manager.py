@@ -8,24 +8,39 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import hashlib
+import builtins
 import logging
+import os
 import secrets
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from cloche.config import ServerConfig
-from cloche.errors import KernelDied, SessionNotFound, TooManySessions
+from cloche.config import MIB, ServerConfig
+from cloche.errors import (
+    ClocheError,
+    ForkRefused,
+    KernelDied,
+    RestoreRefused,
+    SessionLost,
+    SessionNotFound,
+    SnapshotNotFound,
+    TooManyPausedSessions,
+    TooManySessions,
+)
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import WorkdirFiles
 from cloche.server.metrics import Metrics
-from cloche.sessions.kernel import EventCallback
+from cloche.sessions.durable import Checkpoints
+from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.profiles import DATA, LEAN, get_profile
 from cloche.sessions.result import CellResult, CellStatus
-from cloche.sessions.session import Session, SessionInfo, SessionState
+from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
+from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
 
 if TYPE_CHECKING:
     from cloche.llm.broker import Broker
@@ -44,18 +59,70 @@ class SessionManager(abc.ABC):
     llm: Broker | None = None  # the language-model broker, when the server has one
 
     @abc.abstractmethod
-    async def create(self, owner: str | None = None, profile: str = "lean") -> SessionInfo:
-        """A new session of a profile (`lean` or `data`), from its warm pool when it can.
+    async def create(
+        self, owner: str | None = None, profile: str = "lean", snapshot: str | None = None
+    ) -> SessionInfo:
+        """A new session of a profile (`lean` or `data`), from its warm pool when it can;
+        or, given a snapshot id, a new session restored from that snapshot.
 
         Raises:
             UnknownProfile: no profile of that name.
             TooManySessions: the server is at --max-sessions.
             SandboxStartError: no sandbox could be started.
+            SnapshotNotFound: unknown snapshot, or another owner's.
+            RestoreRefused: the snapshot's image can't be restored here.
         """
 
     @abc.abstractmethod
     def get(self, session_id: str, owner: str | None = None) -> SessionInfo:
-        """Raises SessionNotFound for an unknown id or another owner's session."""
+        """Raises SessionNotFound for an unknown id or another owner's session, SessionLost
+        for one that was live when a previous server died."""
+
+    # -- durability -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def snapshot(
+        self, session_id: str, owner: str | None = None, name: str = ""
+    ) -> SnapshotRecord:
+        """Save the session as it is between cells; it goes on running, unaffected.
+
+        Raises:
+            SessionNotFound, SessionLost: as for `get`.
+            StorageFull, CheckpointFailed: it could not be saved (it keeps running).
+        """
+
+    @abc.abstractmethod
+    def snapshots(self, owner: str | None = None) -> builtins.list[SnapshotRecord]:
+        """The owner's snapshots, oldest first."""
+
+    @abc.abstractmethod
+    def get_snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
+        """Raises SnapshotNotFound for an unknown id or another owner's snapshot."""
+
+    @abc.abstractmethod
+    async def delete_snapshot(self, snapshot_id: str, owner: str | None = None) -> None:
+        """Delete a snapshot and its image. Raises SnapshotNotFound."""
+
+    @abc.abstractmethod
+    async def fork(
+        self, session_id: str, count: int = 1, owner: str | None = None
+    ) -> list[SessionInfo]:
+        """count new sessions, each a copy of the session as it is now (between cells);
+        the original goes on running.
+
+        Raises:
+            SessionNotFound, SessionLost: as for `get`.
+            TooManySessions: the copies would take the server past --max-sessions.
+            CheckpointFailed, RestoreRefused: the copies could not be made.
+        """
+
+    @abc.abstractmethod
+    async def pause(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        """Save the session to disk and stop its sandbox, after its running cell."""
+
+    @abc.abstractmethod
+    async def resume(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        """Bring a paused session back now (any request to it does so by itself)."""
 
     @abc.abstractmethod
     def list(self, owner: str | None = None) -> list[SessionInfo]:
@@ -101,8 +168,9 @@ class SessionManager(abc.ABC):
         return info.id, result
 
     @abc.abstractmethod
-    def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
-        """The session's working directory (blocking methods: call them in a thread).
+    async def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
+        """The session's working directory (blocking methods: call them in a thread); a
+        paused session is brought back first.
 
         Raises:
             SessionNotFound: unknown id or another owner's session.
@@ -110,7 +178,8 @@ class SessionManager(abc.ABC):
 
     @abc.abstractmethod
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
-        """Interrupt the running cell; False when none was running."""
+        """Interrupt the running cell; False when none was running. A paused session is
+        brought back first."""
 
     @abc.abstractmethod
     async def close(
@@ -133,7 +202,8 @@ class SessionManager(abc.ABC):
 
 
 class LocalSessionManager(SessionManager):
-    """Sessions held in this process, each in its own sandbox from `backend`."""
+    """Sessions held in this process, each in its own sandbox from `backend`; paused ones
+    and snapshots on disk under --data-dir."""
 
     def __init__(self, config: ServerConfig, backend: Backend) -> None:
         self.config = config
@@ -167,20 +237,54 @@ class LocalSessionManager(SessionManager):
             self.llm = Broker(config.llm, self.metrics)
         for pool in self.pools.values():
             pool.on_start = self._sandbox_started
+        self.store = Store(config.data_dir, config.data_max_mib * MIB)
+        self.checkpoints = Checkpoints(self.store, backend, config.limits, config.max_frame_bytes)
         self._sessions: dict[str, Session] = {}
+        self._lost: dict[str, tuple[str | None, str]] = {}  # id -> (owner key, why)
+        self._snapshots: dict[str, SnapshotRecord] = {}
         self._creating = 0
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._pausing: dict[str, asyncio.Task[None]] = {}  # page-outs under way
+        self._page_outs = asyncio.Semaphore(config.pause_concurrency)
+        self._restores = asyncio.Semaphore(os.cpu_count() or 1)
         self.closed_by_reason: Counter[str] = Counter()
         self.created = 0
         self._stopped = False
 
     async def start(self) -> None:
         await asyncio.to_thread(self.backend.prepare)
+        try:
+            await asyncio.to_thread(self.store.open)
+            await asyncio.to_thread(self._load)
+        except BaseException:
+            await asyncio.to_thread(self.backend.shutdown)
+            raise
         for pool in self.pools.values():
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
         self.metrics.watch(self)
+
+    def _load(self) -> None:
+        """Take over what a previous server left in the data directory (blocking)."""
+        for snapshot in self.store.snapshot_records():
+            self._snapshots[snapshot.id] = snapshot
+        for record in self.store.session_records():
+            if record.state is RecordState.PAUSED:
+                self._sessions[record.id] = self._paused_session(record)
+                continue
+            if record.state is RecordState.LIVE:  # its server died with it
+                record = replace(record, state=RecordState.LOST)
+                self.store.save(record)
+                self.checkpoints.discard(self.store.session_dir(record.id))
+            self._lost[record.id] = (record.owner_key, "when the server stopped unexpectedly")
+        log.info(
+            "data dir %s: %d paused sessions, %d lost, %d snapshots",
+            self.store.root,
+            self.paused_count,
+            len(self._lost),
+            len(self._snapshots),
+        )
 
     def _sandbox_started(self, profile: str, seconds: float, ok: bool) -> None:
         if ok:
@@ -192,36 +296,42 @@ class LocalSessionManager(SessionManager):
     def healthy(self) -> bool:
         return not self._stopped and (self.pool.ready_count > 0 or self.pool.last_start_ok)
 
-    async def create(self, owner: str | None = None, profile: str = "lean") -> SessionInfo:
+    # -- creating and finding ---------------------------------------------------------------
+
+    async def create(
+        self, owner: str | None = None, profile: str = "lean", snapshot: str | None = None
+    ) -> SessionInfo:
+        if snapshot is not None:
+            return (await self._from_snapshot(snapshot, owner)).info()
         return (await self._create(owner, profile)).info()
 
     async def _create(self, owner: str | None, profile: str = "lean") -> Session:
         pool = self.pools[get_profile(profile).name]
-        if self._stopped:
-            raise TooManySessions("the server is shutting down")
-        if len(self._sessions) + self._creating >= self.config.max_sessions:
-            raise TooManySessions(
-                f"the server already holds its maximum of {self.config.max_sessions} sessions "
-                "(--max-sessions); close some or raise the limit"
-            )
+        await self._room_for(1)
         self._creating += 1
         try:
             kernel = await pool.take()
         finally:
             self._creating -= 1
+        return self._adopt(kernel, owner_key(owner), profile)
+
+    def _adopt(
+        self, kernel: KernelClient, key: str | None, profile: str, execution_count: int = 0
+    ) -> Session:
+        """A new session (new id) on a started kernel, with its record on disk."""
         session = Session(
             new_session_id(),
             kernel,
-            owner,
+            key,
             self.config.max_queued_cells,
             profile=profile,
             freeze_idle_s=self.config.limits.freeze_idle_s,
+            execution_count=execution_count,
         )
-        if self.llm is not None:
-            from cloche.llm.bridge import KernelLLM
-
-            kernel.llm = KernelLLM(self.llm, self.llm.budget(session.id), kernel)
+        session.waker = self._wake
+        self._give_llm(session, kernel)
         self._sessions[session.id] = session
+        self.store.save(self._record(session, RecordState.LIVE))
         self.created += 1
         self.metrics.sessions_created.labels(profile).inc()
         log.info(
@@ -229,13 +339,88 @@ class LocalSessionManager(SessionManager):
             session.id,
             kernel.id,
             profile,
-            _owner_tag(owner),
+            _owner_tag(key),
         )
         return session
 
+    def _paused_session(self, record: SessionRecord) -> Session:
+        session = Session(
+            record.id,
+            None,
+            record.owner_key,
+            self.config.max_queued_cells,
+            profile=record.profile,
+            freeze_idle_s=self.config.limits.freeze_idle_s,
+            created_at=record.created_at,
+            last_active=record.last_active,
+            execution_count=record.execution_count,
+        )
+        session.waker = self._wake
+        return session
+
+    def _give_llm(self, session: Session, kernel: KernelClient) -> None:
+        if self.llm is not None:
+            from cloche.llm.bridge import KernelLLM
+
+            kernel.llm = KernelLLM(self.llm, self.llm.budget(session.id), kernel)
+
+    def _record(self, session: Session, state: RecordState, origin: str = "") -> SessionRecord:
+        info = session.info()
+        return SessionRecord(
+            id=session.id,
+            owner_key=session.owner_key,
+            profile=session.profile,
+            created_at=info.created_at,
+            last_active=info.last_active,
+            execution_count=session.execution_count,
+            state=state,
+            origin=origin,
+        )
+
+    @property
+    def live_count(self) -> int:
+        return len(self._sessions) - self.paused_count + self._creating
+
+    @property
+    def paused_count(self) -> int:
+        return sum(1 for s in self._sessions.values() if s.paused)
+
+    async def _room_for(self, count: int) -> None:
+        """Make sure count more sessions may run: page out the least recently used idle
+        sessions when the server is at --max-sessions and can save them.
+
+        Raises:
+            TooManySessions: it can't.
+        """
+        if self._stopped:
+            raise TooManySessions("the server is shutting down")
+        while self.live_count + count > self.config.max_sessions:
+            idle = [
+                s
+                for s in self._sessions.values()
+                if s.state is SessionState.IDLE and s.id not in self._pausing
+            ]
+            if not idle or self.limits.pause_idle_s <= 0:
+                raise TooManySessions(
+                    f"the server already holds its maximum of {self.config.max_sessions} "
+                    "sessions (--max-sessions); close some or raise the limit"
+                )
+            oldest = min(idle, key=lambda s: s.last_active)
+            try:
+                await self._pause(oldest, "room")
+            except ClocheError as exc:
+                raise TooManySessions(
+                    f"the server holds its maximum of {self.config.max_sessions} sessions "
+                    f"(--max-sessions) and could not page one out: {exc}"
+                ) from exc
+
     def _find(self, session_id: str, owner: str | None) -> Session:
         session = self._sessions.get(session_id)
-        if session is None or session.owner != owner or not session.usable:
+        key = owner_key(owner)
+        if session is None or session.owner_key != key or not session.usable:
+            lost = self._lost.get(session_id)
+            if lost is not None and lost[0] == key:
+                raise SessionLost(session_id, lost[1])
             raise SessionNotFound(session_id)
         return session
 
@@ -243,7 +428,10 @@ class LocalSessionManager(SessionManager):
         return self._find(session_id, owner).info()
 
     def list(self, owner: str | None = None) -> list[SessionInfo]:
-        return [s.info() for s in self._sessions.values() if s.owner == owner and s.usable]
+        key = owner_key(owner)
+        return [s.info() for s in self._sessions.values() if s.owner_key == key and s.usable]
+
+    # -- running ------------------------------------------------------------------------
 
     async def execute(
         self,
@@ -277,10 +465,249 @@ class LocalSessionManager(SessionManager):
         return result
 
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
-        return self._find(session_id, owner).interrupt()
+        session = self._find(session_id, owner)
+        await session.wake()
+        return session.interrupt()
 
-    def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
-        return self._find(session_id, owner).files
+    async def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
+        session = self._find(session_id, owner)
+        await session.wake()
+        if session.files is None:  # closed while it was being woken
+            raise SessionNotFound(session_id)
+        return session.files
+
+    # -- pausing and resuming -----------------------------------------------------------
+
+    async def pause(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        session = self._find(session_id, owner)
+        await self._pause(session, "request")
+        return session.info()
+
+    async def resume(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        session = self._find(session_id, owner)
+        await session.wake()
+        return session.info()
+
+    async def _pause(self, session: Session, reason: str, *, interrupt: bool = False) -> None:
+        """Save a session to disk and stop its sandbox, after its running cell (interrupted
+        first if asked). Nothing if it is paused already.
+
+        Raises:
+            TooManyPausedSessions, StorageFull, CheckpointFailed: it runs on.
+            SessionNotFound: it was closed or lost meanwhile.
+        """
+
+        async def save(session: Session) -> None:
+            if self.paused_count >= self.config.max_paused_sessions:
+                raise TooManyPausedSessions(
+                    f"{self.config.max_paused_sessions} sessions are paused already "
+                    "(--max-paused-sessions); close some or raise the limit"
+                )
+            assert session.kernel is not None
+            started = time.perf_counter()
+            home = self.store.session_dir(session.id)
+            size = await self.checkpoints.save(session.kernel, home)
+            self.store.save(self._record(session, RecordState.PAUSED, self.checkpoints.origin))
+            kernel = session.detach()
+            assert kernel is not None
+            self._in_background(self._close_kernel(kernel, "paused"))
+            self.metrics.pauses.labels(reason).inc()
+            self.metrics.image_bytes.labels("pause").inc(size)
+            log.info(
+                "session paused id=%s reason=%s bytes=%d ms=%.1f",
+                session.id,
+                reason,
+                size,
+                (time.perf_counter() - started) * 1000,
+            )
+
+        try:
+            await session.hold(save, interrupt=interrupt)
+        except KernelDied as exc:
+            self._forget(session, "lost")
+            raise SessionNotFound(session.id) from exc
+
+    async def _wake(self, session: Session) -> None:
+        """Restore a paused session's image into a new sandbox (its life is locked)."""
+        await self._room_for(1)
+        home = self.store.session_dir(session.id)
+        started = time.perf_counter()
+        self._creating += 1
+        try:
+            record = await asyncio.to_thread(self._session_record, session.id)
+            kernel = await self.checkpoints.restore(home, origin=record.origin, reseed=False)
+        except RestoreRefused as exc:
+            self.metrics.resumes.labels("failed").inc()
+            why = f"because it could not be resumed: {exc}"
+            log.error("session broken id=%s: %s", session.id, exc)
+            self._lost[session.id] = (session.owner_key, why)
+            self._remove(session, "broken")
+            session.state = SessionState.CLOSED
+            await asyncio.to_thread(self._bury, session)
+            raise SessionLost(session.id, why) from exc
+        finally:
+            self._creating -= 1
+        self._give_llm(session, kernel)
+        session.attach(kernel)
+        self.store.save(self._record(session, RecordState.LIVE))
+        await asyncio.to_thread(self.checkpoints.discard, home)
+        seconds = time.perf_counter() - started
+        self.metrics.resumes.labels("ok").inc()
+        self.metrics.restore_time.labels("resume").observe(seconds)
+        log.info("session resumed id=%s ms=%.1f", session.id, seconds * 1000)
+
+    def _session_record(self, session_id: str) -> SessionRecord:
+        """A session's record on disk (blocking). Raises RestoreRefused when it is gone."""
+        try:
+            return self.store.session_record(session_id)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise RestoreRefused(f"session {session_id} has no readable record: {exc}") from exc
+
+    def _bury(self, session: Session) -> None:
+        """A session that can't come back: its image goes, its record says lost (blocking)."""
+        self.checkpoints.discard(self.store.session_dir(session.id))
+        self.store.save(self._record(session, RecordState.LOST))
+
+    # -- snapshots and forks --------------------------------------------------------------
+
+    async def snapshot(
+        self, session_id: str, owner: str | None = None, name: str = ""
+    ) -> SnapshotRecord:
+        session = self._find(session_id, owner)
+        snapshot_id = new_session_id()
+        home = self.store.snapshot_dir(snapshot_id)
+
+        async def save(session: Session) -> None:
+            if session.paused:  # its image is on disk already: copy it
+                self.store.reserve(0)
+                size = await asyncio.to_thread(
+                    self.checkpoints.copy_image, self.store.session_dir(session.id), home
+                )
+                origin = (await asyncio.to_thread(self._session_record, session.id)).origin
+            else:
+                assert session.kernel is not None
+                size = await self.checkpoints.save(session.kernel, home)
+                origin = self.checkpoints.origin
+            record = SnapshotRecord(
+                id=snapshot_id,
+                session_id=session.id,
+                name=name,
+                owner_key=session.owner_key,
+                profile=session.profile,
+                created_at=time.time(),
+                execution_count=session.execution_count,
+                size_bytes=size,
+                origin=origin,
+            )
+            self.store.save(record)
+            self._snapshots[snapshot_id] = record
+
+        try:
+            await session.hold(save, paused_too=True)
+        except KernelDied as exc:
+            self._forget(session, "lost")
+            raise SessionNotFound(session_id) from exc
+        except BaseException:
+            await asyncio.to_thread(self.store.remove, home)
+            raise
+        record = self._snapshots[snapshot_id]
+        self.metrics.snapshots.inc()
+        self.metrics.image_bytes.labels("snapshot").inc(record.size_bytes)
+        log.info("snapshot id=%s session=%s bytes=%d", snapshot_id, session_id, record.size_bytes)
+        return record
+
+    def snapshots(self, owner: str | None = None) -> builtins.list[SnapshotRecord]:
+        key = owner_key(owner)
+        found = [r for r in self._snapshots.values() if r.owner_key == key]
+        return sorted(found, key=lambda r: r.created_at)
+
+    def get_snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
+        record = self._snapshots.get(snapshot_id)
+        if record is None or record.owner_key != owner_key(owner):
+            raise SnapshotNotFound(snapshot_id)
+        return record
+
+    async def delete_snapshot(self, snapshot_id: str, owner: str | None = None) -> None:
+        self.get_snapshot(snapshot_id, owner)
+        del self._snapshots[snapshot_id]
+        await asyncio.to_thread(self.store.remove, self.store.snapshot_dir(snapshot_id))
+        log.info("snapshot deleted id=%s", snapshot_id)
+
+    async def _from_snapshot(self, snapshot_id: str, owner: str | None) -> Session:
+        record = self.get_snapshot(snapshot_id, owner)
+        await self._room_for(1)
+        started = time.perf_counter()
+        kernel = await self._restore(self.store.snapshot_dir(snapshot_id), record.origin)
+        self.metrics.restore_time.labels("snapshot").observe(time.perf_counter() - started)
+        return self._adopt(kernel, record.owner_key, record.profile, record.execution_count)
+
+    async def _restore(self, home: Path, origin: str) -> KernelClient:
+        """A kernel restored (reseeded) from an image, counted as being created."""
+        self._creating += 1
+        try:
+            async with self._restores:
+                return await self.checkpoints.restore(home, origin=origin, reseed=True)
+        finally:
+            self._creating -= 1
+
+    async def fork(
+        self, session_id: str, count: int = 1, owner: str | None = None
+    ) -> builtins.list[SessionInfo]:
+        session = self._find(session_id, owner)
+        if not 1 <= count <= self.config.max_fork:
+            raise ForkRefused(
+                f"a fork makes 1 to {self.config.max_fork} copies (--max-fork), not {count}"
+            )
+        await self._room_for(count)
+        home = self.store.root / "forks" / new_session_id()
+        origin = self.checkpoints.origin
+
+        async def save(session: Session) -> None:
+            nonlocal origin
+            home.parent.mkdir(mode=0o700, exist_ok=True)
+            if session.paused:
+                await asyncio.to_thread(
+                    self.checkpoints.copy_image, self.store.session_dir(session.id), home
+                )
+                origin = (await asyncio.to_thread(self._session_record, session.id)).origin
+            else:
+                assert session.kernel is not None
+                size = await self.checkpoints.save(session.kernel, home)
+                self.metrics.image_bytes.labels("fork").inc(size)
+
+        made: list[Session] = []
+        try:
+            try:
+                await session.hold(save, paused_too=True)
+            except KernelDied as exc:
+                self._forget(session, "lost")
+                raise SessionNotFound(session_id) from exc
+            started = time.perf_counter()
+            kernels = await asyncio.gather(
+                *(self._restore(home, origin) for _ in range(count)), return_exceptions=True
+            )
+            for kernel in kernels:
+                if isinstance(kernel, KernelClient):
+                    made.append(
+                        self._adopt(
+                            kernel, session.owner_key, session.profile, session.execution_count
+                        )
+                    )
+            failed = [k for k in kernels if isinstance(k, BaseException)]
+            if failed:
+                raise failed[0]
+            self.metrics.forks.inc(count)
+            self.metrics.restore_time.labels("fork").observe(time.perf_counter() - started)
+            log.info("fork session=%s copies=%s", session_id, ",".join(s.id for s in made))
+            return [s.info() for s in made]
+        except BaseException:
+            for copy in made:
+                self._forget(copy, "failed-fork")
+            raise
+        finally:
+            await asyncio.to_thread(self.store.remove, home)
+
+    # -- closing ------------------------------------------------------------------------
 
     async def close(
         self, session_id: str, owner: str | None = None, reason: str = "closed"
@@ -296,6 +723,7 @@ class LocalSessionManager(SessionManager):
 
     async def _close(self, session: Session, reason: str) -> None:
         step = await session.close(reason)
+        await asyncio.to_thread(self.store.remove, self.store.session_dir(session.id))
         log.info(
             "session end id=%s reason=%s cells=%d exit=%s",
             session.id,
@@ -304,58 +732,100 @@ class LocalSessionManager(SessionManager):
             step.value,
         )
 
+    async def _close_kernel(self, kernel: KernelClient, why: str) -> None:
+        await kernel.close(why=f"the session was {why}")
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     def _forget(self, session: Session, reason: str) -> None:
         """Drop a session whose sandbox died, freeing it in the background."""
         if self._sessions.get(session.id) is session:
             self._remove(session, reason)
-            task = asyncio.create_task(self._close(session, reason))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._in_background(self._close(session, reason))
+
+    def _page_out(self, session: Session) -> None:
+        """Pause an idle session in the background (a few at a time)."""
+
+        async def page_out() -> None:
+            try:
+                async with self._page_outs:
+                    if session.state is SessionState.IDLE and not self._stopped:
+                        await self._pause(session, "idle")
+            except ClocheError as exc:
+                log.warning("session %s not paused: %s", session.id, exc)
+            finally:
+                self._pausing.pop(session.id, None)
+
+        self._pausing[session.id] = asyncio.create_task(page_out())
 
     async def _reap(self) -> None:
-        """Close sessions past their idle timeout or lifetime, and drop dead ones."""
+        """Close sessions past their idle timeout or lifetime, page out idle ones, and drop
+        dead ones."""
         limits = self.limits
-        period = max(0.05, min(limits.idle_timeout_s / 10, 5.0))
+        shortest = min(x for x in (limits.idle_timeout_s, limits.pause_idle_s or 1e9) if x > 0)
+        period = max(0.05, min(shortest / 10, 5.0))
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
             wall = time.time()
             for session in list(self._sessions.values()):
+                idle_s = now - session.last_active
                 if session.dead:
                     self._forget(session, "lost")
-                elif (
-                    session.state is SessionState.IDLE
-                    and now - session.last_active > limits.idle_timeout_s
+                elif session.state in (SessionState.IDLE, SessionState.PAUSED) and (
+                    idle_s > limits.idle_timeout_s
                 ):
                     self._forget(session, "idle")
                 elif wall - session.created_at > limits.lifetime_s:
                     self._forget(session, "lifetime")
+                elif (
+                    session.state is SessionState.IDLE
+                    and 0 < limits.pause_idle_s < idle_s
+                    and session.id not in self._pausing
+                ):
+                    self._page_out(session)
 
     async def stop(self) -> None:
+        """Pause every live session to disk (a few at a time; running cells interrupted
+        first), then free every sandbox. A session that can't be saved is closed."""
         self._stopped = True
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
-        sessions = list(self._sessions.values())
-        for session in sessions:
-            self._remove(session, "shutdown")
+        await asyncio.gather(*self._pausing.values(), return_exceptions=True)
+        live = [s for s in self._sessions.values() if not s.paused]
+        limit = asyncio.Semaphore(self.config.pause_concurrency)
+
+        async def keep(session: Session) -> None:
+            async with limit:
+                try:
+                    await self._pause(session, "shutdown", interrupt=True)
+                    return
+                except ClocheError as exc:
+                    log.error("session %s could not be paused at shutdown: %s", session.id, exc)
+                if self._sessions.get(session.id) is session:
+                    self._remove(session, "shutdown")
+                    await self._close(session, "shutdown")
+
         await asyncio.gather(
             *(pool.close() for pool in self.pools.values()),
-            *(self._close(s, "shutdown") for s in sessions),
-            *self._closing,
+            *(keep(s) for s in live),
             return_exceptions=True,
         )
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.to_thread(self.backend.shutdown)
+        self.store.close()
         if self.llm is not None:
             await self.llm.close()
 
     @property
     def session_count(self) -> int:
-        return len(self._sessions)
+        return len(self._sessions) - self.paused_count
 
 
-def _owner_tag(owner: str | None) -> str:
+def _owner_tag(key: str | None) -> str:
     """A short, non-secret tag for a token in logs."""
-    if owner is None:
-        return "-"
-    return hashlib.sha256(owner.encode()).hexdigest()[:8]
+    return "-" if key is None else key[:8]

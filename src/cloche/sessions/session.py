@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from cloche.config import MIB
@@ -31,8 +33,14 @@ class SessionState(enum.Enum):
 
     IDLE = "idle"  # alive, no cell running
     BUSY = "busy"  # a cell is running (more may be queued)
+    PAUSED = "paused"  # saved to disk, no sandbox; its next request brings it back
     CLOSING = "closing"  # being torn down; takes no more cells
     CLOSED = "closed"  # gone: its sandbox is freed
+
+
+def owner_key(owner: str | None) -> str | None:
+    """How sessions know their owner: a hash of the token (records on disk hold no token)."""
+    return None if owner is None else hashlib.sha256(owner.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class SessionInfo:
     """What can be told about a session without touching it."""
 
     id: str
-    owner: str | None
+    owner_key: str | None
     state: SessionState
     created_at: float  # unix time, s
     last_active: float  # unix time, s
@@ -55,37 +63,59 @@ class Session:
     def __init__(
         self,
         session_id: str,
-        kernel: KernelClient,
-        owner: str | None,
+        kernel: KernelClient | None,
+        owner_key: str | None,
         max_queued: int,
         *,
         profile: str = "lean",
         freeze_idle_s: float = 0.0,
+        created_at: float | None = None,
+        last_active: float | None = None,
+        execution_count: int = 0,
     ) -> None:
         self.id = session_id
         self.profile = profile
+        self.owner_key = owner_key
+        self.kernel: KernelClient | None = None
+        self.files: WorkdirFiles | None = None  # its working directory, while it runs
+        self.state = SessionState.PAUSED
+        self.created_at = time.time() if created_at is None else created_at
+        self._last_active_wall = self.created_at if last_active is None else last_active
+        # monotonic time of the last activity, carried over from a record's wall time
+        self.last_active = time.monotonic() - max(0.0, time.time() - self._last_active_wall)
+        self.execution_count = execution_count
+        self.close_reason: str | None = None
+        self._max_queued = max_queued
+        self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in FIFO order
+        self._life = asyncio.Lock()  # held while the session is paused or resumed
+        self._waiting = 0
+        self._freeze_idle_s = freeze_idle_s
+        self._freeze_timer: asyncio.TimerHandle | None = None
+        # Brings a paused session back (the manager's): restores its image, then `attach`.
+        self.waker: Callable[[Session], Awaitable[None]] | None = None
+        if kernel is not None:
+            self.attach(kernel)
+
+    def attach(self, kernel: KernelClient) -> None:
+        """Run on kernel from now on (a new session's, or a paused one's restored)."""
         sandbox = kernel.sandbox
         uid, gid = sandbox.file_owner or (None, None)
         self.files = WorkdirFiles(sandbox.workdir, uid, gid, sandbox.limits.disk_mib * MIB)
         self.kernel = kernel
-        self.owner = owner
         self.state = SessionState.IDLE
-        self.created_at = time.time()
-        self.last_active = time.monotonic()
-        self._last_active_wall = self.created_at
-        self.execution_count = 0
-        self.close_reason: str | None = None
-        self._max_queued = max_queued
-        self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in FIFO order
-        self._waiting = 0
-        self._freeze_idle_s = freeze_idle_s
-        self._freeze_timer: asyncio.TimerHandle | None = None
         self._idle_from_now()
+
+    def detach(self) -> KernelClient | None:
+        """The session is saved: it goes on without a sandbox. Returns the kernel to close."""
+        kernel, self.kernel, self.files = self.kernel, None, None
+        self._cancel_freeze()
+        self.state = SessionState.PAUSED
+        return kernel
 
     def info(self) -> SessionInfo:
         return SessionInfo(
             id=self.id,
-            owner=self.owner,
+            owner_key=self.owner_key,
             state=self.state,
             created_at=self.created_at,
             last_active=self._last_active_wall,
@@ -96,7 +126,58 @@ class Session:
 
     @property
     def usable(self) -> bool:
-        return self.state in (SessionState.IDLE, SessionState.BUSY) and self.kernel.alive
+        if self.state is SessionState.PAUSED:
+            return True
+        return (
+            self.state in (SessionState.IDLE, SessionState.BUSY)
+            and self.kernel is not None
+            and self.kernel.alive
+        )
+
+    @property
+    def paused(self) -> bool:
+        return self.state is SessionState.PAUSED
+
+    async def wake(self) -> None:
+        """Bring a paused session back (once, whoever asks first); nothing if it runs.
+
+        Raises:
+            SessionLost, TooManySessions, ...: what the waker raises.
+        """
+        if self.state is not SessionState.PAUSED:
+            return
+        async with self._life:
+            if self.state is SessionState.PAUSED:
+                assert self.waker is not None
+                await self.waker(self)
+
+    async def hold(
+        self,
+        action: Callable[[Session], Awaitable[None]],
+        *,
+        interrupt: bool = False,
+        paused_too: bool = False,
+    ) -> bool:
+        """Run action between cells (after the running one, which interrupt stops first),
+        with the session's life locked: nothing pauses or resumes it meanwhile. Not for a
+        paused session unless paused_too; False when it was skipped so.
+
+        Raises:
+            KernelDied: the session was closed or lost meanwhile.
+        """
+        if interrupt and self.kernel is not None:
+            self.kernel.interrupt()
+        await self._lock.acquire()
+        try:
+            async with self._life:
+                if self.state is SessionState.PAUSED and not paused_too:
+                    return False
+                if not self.usable:
+                    raise KernelDied(self.close_reason or "session closed")
+                await action(self)
+                return True
+        finally:
+            self._lock.release()
 
     async def execute(
         self,
@@ -124,8 +205,10 @@ class Session:
         finally:
             self._waiting -= 1
         try:
-            if not self.usable:
-                raise KernelDied(self.close_reason or self.kernel.death or "session closed")
+            await self.wake()
+            if not self.usable or self.kernel is None:
+                death = self.kernel.death if self.kernel is not None else None
+                raise KernelDied(self.close_reason or death or "session closed")
             self._cancel_freeze()
             self.state = SessionState.BUSY
             started = time.perf_counter()
@@ -154,13 +237,14 @@ class Session:
     async def _snapshot(self) -> Snapshot:
         """The working directory's files; walked right here when the last walk saw only a
         few entries (a thread's hand-off would cost more), else in a thread."""
+        assert self.files is not None
         if self.files.last_walk_entries <= _INLINE_WALK_ENTRIES:
             return self.files.snapshot()
         return await asyncio.to_thread(self.files.snapshot)
 
     def _idle_from_now(self) -> None:
         """(Re)start the clock after which an idle session's sandbox is frozen."""
-        if self._freeze_idle_s <= 0:
+        if self._freeze_idle_s <= 0 or self.kernel is None:
             return
         self._cancel_freeze()
         self._freeze_timer = asyncio.get_running_loop().call_later(
@@ -179,7 +263,7 @@ class Session:
     def _freeze_if_idle(self) -> None:
         """The idle period is over: watch the sandbox's CPU use for FREEZE_PROBE_S."""
         self._freeze_timer = None
-        if not self._idle:
+        if not self._idle or self.kernel is None:
             return
         used = self.kernel.sandbox.cpu_seconds()
         loop = asyncio.get_running_loop()
@@ -192,7 +276,7 @@ class Session:
 
     def _freeze_if_quiet(self, used_before: float | None, since: float) -> None:
         self._freeze_timer = None
-        if not self._idle:
+        if not self._idle or self.kernel is None:
             return
         sandbox = self.kernel.sandbox
         used = sandbox.cpu_seconds()
@@ -209,7 +293,7 @@ class Session:
 
     def interrupt(self) -> bool:
         """Interrupt the running cell, if there is one."""
-        return self.kernel.interrupt()
+        return self.kernel is not None and self.kernel.interrupt()
 
     async def close(self, reason: str) -> ExitStep:
         """Tear the session down (idempotent). Queued cells fail with KernelDied."""
@@ -219,12 +303,16 @@ class Session:
             self.close_reason = f"session {self.id} was closed ({reason})"
         self.state = SessionState.CLOSING
         self._cancel_freeze()
-        self.kernel.interrupt()
-        step = await self.kernel.close(why=self.close_reason)
+        kernel, self.kernel = self.kernel, None
+        if kernel is None:
+            self.state = SessionState.CLOSED
+            return ExitStep.EXITED
+        kernel.interrupt()
+        step = await kernel.close(why=self.close_reason)
         self.state = SessionState.CLOSED
         return step
 
     @property
     def dead(self) -> bool:
         """Its sandbox is gone (killed, crashed) while idle, and nobody closed it yet."""
-        return not self.kernel.alive and self.state is SessionState.IDLE
+        return self.state is SessionState.IDLE and self.kernel is not None and not self.kernel.alive

@@ -94,7 +94,7 @@ async def create_session(
             raise PathRefused(item.filename, "b64_data is not valid base64") from None
     info = await manager.create(owner, profile=body.profile)
     try:
-        files = manager.files(info.id, owner)
+        files = await manager.files(info.id, owner)
         for name, data in inputs:
             await asyncio.to_thread(files.write, name, data)
         if body.env:
@@ -283,7 +283,7 @@ async def interrupt(
 async def list_files(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    listing = await asyncio.to_thread(_manager(request).files(session_id, owner).list)
+    listing = await asyncio.to_thread((await _manager(request).files(session_id, owner)).list)
     return {
         "files": [
             {"path": f.path, "size_bytes": f.size_bytes, "modified": f.modified}
@@ -302,7 +302,7 @@ async def list_files(
 async def download(
     session_id: str, path: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> Response:
-    data = await asyncio.to_thread(_manager(request).files(session_id, owner).read, path)
+    data = await asyncio.to_thread((await _manager(request).files(session_id, owner)).read, path)
     return Response(data, media_type="application/octet-stream")
 
 
@@ -310,7 +310,7 @@ async def download(
 async def upload(
     session_id: str, path: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> Response:
-    files = _manager(request).files(session_id, owner)
+    files = await _manager(request).files(session_id, owner)
     data = await request.body()
     await asyncio.to_thread(files.write, path, data)
     return Response(status_code=204)

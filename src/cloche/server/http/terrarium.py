@@ -60,7 +60,7 @@ async def run_once(
             return failure("parsing", f"file {item.filename!r}: b64_data is not valid base64", 400)
     info = await manager.create(owner, profile="data")
     try:
-        files = manager.files(info.id, owner)
+        files = await manager.files(info.id, owner)
         try:
             await asyncio.to_thread(_write_all, files, inputs)
         except PathRefused as exc:

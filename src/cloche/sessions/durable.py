@@ -1,0 +1,129 @@
+"""Saving a running kernel to disk and bringing it back: the durable form of a session.
+
+A save is `checkpoint` of the whole sandbox (memory, threads, open files, /tmp) with the
+sandbox left running, plus an archive of its working directory (a host tmpfs, not in the
+image). The sandbox goes on as if nothing happened; a pause then closes it. A restore
+starts a new sandbox from the image, with the archive laid into its working directory
+first, so the files the interpreter had open are found where they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from cloche.config import Limits
+from cloche.errors import CheckpointFailed, RestoreRefused, SandboxStartError, StorageFull
+from cloche.sandbox import archive
+from cloche.sandbox.base import Backend
+from cloche.sessions.kernel import KernelClient
+from cloche.sessions.store import IMAGE, WORKDIR_ARCHIVE, Store
+
+log = logging.getLogger("cloche.session")
+
+# Room asked of the data directory's budget before a save: a lean session's image is
+# ~2 MiB compressed; a data session's tens of MiB.
+EXPECTED_IMAGE_BYTES = 8 * 2**20
+
+
+class Checkpoints:
+    """Saves kernels into directories of the store and restores them from there."""
+
+    def __init__(
+        self, store: Store, backend: Backend, limits: Limits, max_frame_bytes: int
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.limits = limits
+        self.max_frame_bytes = max_frame_bytes
+
+    @property
+    def origin(self) -> str:
+        """What made an image: one made by another runsc or runtime is refused."""
+        return self.backend.image_origin()
+
+    async def save(self, kernel: KernelClient, home: Path) -> int:
+        """Checkpoint kernel's sandbox into home (left running), with its working directory;
+        the bytes written.
+
+        Raises:
+            StorageFull: the data directory is at its budget or its disk is full.
+            CheckpointFailed: runsc could not save it. Either way the sandbox runs on.
+        """
+        self.store.reserve(EXPECTED_IMAGE_BYTES)
+        sandbox = kernel.sandbox
+
+        def save() -> int:
+            home.mkdir(mode=0o700, exist_ok=True)
+            why = sandbox.checkpoint(home / IMAGE, leave_running=True)
+            if why is not None:
+                if "no space" in why.lower():
+                    raise OSError(errno.ENOSPC, why)
+                raise CheckpointFailed(f"session could not be saved: {why}")
+            archive.pack(sandbox.workdir, home / WORKDIR_ARCHIVE)
+            return self.store.added(home / IMAGE) + self.store.added(home / WORKDIR_ARCHIVE)
+
+        started = time.perf_counter()
+        try:
+            size = await asyncio.to_thread(save)
+        except BaseException as exc:
+            await asyncio.to_thread(self.discard, home)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise StorageFull(
+                    f"no space left for the session's image in {self.store.root}: free disk "
+                    "space or delete snapshots; the session keeps running"
+                ) from exc
+            if isinstance(exc, OSError):
+                raise CheckpointFailed(f"session could not be saved: {exc}") from exc
+            raise
+        log.info(
+            "checkpoint sandbox=%s bytes=%d ms=%.1f",
+            sandbox.id,
+            size,
+            (time.perf_counter() - started) * 1000,
+        )
+        return size
+
+    def discard(self, home: Path) -> None:
+        """Delete the image and archive in home (blocking), keeping its record."""
+        for path in (home / IMAGE, home / WORKDIR_ARCHIVE):
+            self.store.remove(path)
+
+    async def restore(self, home: Path, *, origin: str, reseed: bool) -> KernelClient:
+        """A started kernel from the image in home.
+
+        Raises:
+            RestoreRefused: the image was made elsewhere, is damaged, or did not start.
+        """
+        if origin != self.origin:
+            raise RestoreRefused(
+                f"the image was made by {origin or 'an unknown runtime'}, and this server runs "
+                f"{self.origin}: it can't be restored here"
+            )
+        if not (home / IMAGE).is_dir() or not (home / WORKDIR_ARCHIVE).is_file():
+            raise RestoreRefused(f"the image in {home} is incomplete")
+        sandbox = self.backend.create(self.limits)
+        sandbox.urgent = True
+        sandbox.restore_from = home / IMAGE
+        sandbox.seed = home / WORKDIR_ARCHIVE
+        kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)
+        kernel.reseed = reseed
+        started = time.perf_counter()
+        try:
+            await kernel.start()
+        except SandboxStartError as exc:
+            raise RestoreRefused(f"the image could not be restored: {exc}") from exc
+        sandbox.serving()
+        log.info("restore sandbox=%s ms=%.1f", sandbox.id, (time.perf_counter() - started) * 1000)
+        return kernel
+
+    def copy_image(self, source: Path, home: Path) -> int:
+        """Copy a saved image into home (blocking); its bytes."""
+        home.mkdir(mode=0o700, exist_ok=True)
+        shutil.copytree(source / IMAGE, home / IMAGE)
+        shutil.copy2(source / WORKDIR_ARCHIVE, home / WORKDIR_ARCHIVE)
+        return self.store.added(home / IMAGE) + self.store.added(home / WORKDIR_ARCHIVE)
