@@ -18,11 +18,18 @@ tree drawn in `cloche.errors`, all subclasses of `ClocheError`.
 
 __version__ = "0.1.0"
 
-from cloche.client.aio import AsyncClient, AsyncSession, FileInfo, SessionInfo  # noqa: E402
+from cloche.client.aio import (  # noqa: E402
+    AsyncClient,
+    AsyncSession,
+    FileInfo,
+    SessionInfo,
+    SnapshotInfo,
+)
 from cloche.client.execution import Execution, ExecutionError, Logs, Result  # noqa: E402
 from cloche.client.sync import Client, Session, run  # noqa: E402
 from cloche.client.tool import tool_schema  # noqa: E402
 from cloche.errors import (  # noqa: E402
+    CheckpointFailed,
     ClientError,
     ClocheError,
     InvalidRequest,
@@ -33,10 +40,15 @@ from cloche.errors import (  # noqa: E402
     PathRefused,
     RequestTimeout,
     RequestTooLarge,
+    RestoreRefused,
     SandboxError,
     ServerUnreachable,
     SessionBusy,
+    SessionLost,
     SessionNotFound,
+    SnapshotNotFound,
+    StorageFull,
+    TooManyPausedSessions,
     TooManySessions,
     Unauthorized,
     UnexpectedResponse,
@@ -45,6 +57,7 @@ from cloche.errors import (  # noqa: E402
 __all__ = [
     "AsyncClient",
     "AsyncSession",
+    "CheckpointFailed",
     "Client",
     "ClientError",
     "ClocheError",
@@ -60,13 +73,19 @@ __all__ = [
     "PathRefused",
     "RequestTimeout",
     "RequestTooLarge",
+    "RestoreRefused",
     "Result",
     "SandboxError",
     "ServerUnreachable",
     "Session",
     "SessionBusy",
     "SessionInfo",
+    "SessionLost",
     "SessionNotFound",
+    "SnapshotInfo",
+    "SnapshotNotFound",
+    "StorageFull",
+    "TooManyPausedSessions",
     "TooManySessions",
     "Unauthorized",
     "UnexpectedResponse",

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from cloche.errors import (
+    CheckpointFailed,
     ClocheError,
     InvalidRequest,
     KernelDied,
@@ -20,10 +21,15 @@ from cloche.errors import (
     PathRefused,
     RequestTimeout,
     RequestTooLarge,
+    RestoreRefused,
     SandboxError,
     ServerUnreachable,
     SessionBusy,
+    SessionLost,
     SessionNotFound,
+    SnapshotNotFound,
+    StorageFull,
+    TooManyPausedSessions,
     TooManySessions,
     Unauthorized,
     UnexpectedResponse,
@@ -41,8 +47,14 @@ _BY_STATUS: dict[int, type[ClocheError]] = {
     400: InvalidRequest,
     409: SessionBusy,
     413: RequestTooLarge,
+    422: RestoreRefused,
     429: TooManySessions,
     503: SandboxError,
+    507: StorageFull,
+}
+_BY_KIND: dict[str, type[ClocheError]] = {
+    "checkpoint_failed": CheckpointFailed,
+    "too_many_paused_sessions": TooManyPausedSessions,
 }
 
 
@@ -98,6 +110,7 @@ def error_for(
     token: str | None,
     session_id: str | None = None,
     file_path: str | None = None,
+    snapshot_id: str | None = None,
 ) -> ClocheError:
     """The exception for an error answer of the API, worded by the server where it can be."""
     status = response.status_code
@@ -120,12 +133,18 @@ def error_for(
     if status == 404 and kind == "not_found":
         if session_id is not None and message.startswith("Session "):
             return SessionNotFound(session_id)
+        if snapshot_id is not None and message.startswith("Snapshot "):
+            return SnapshotNotFound(snapshot_id)
+    if status == 410 and kind == "lost" and session_id is not None:
+        return _with_message(SessionLost(session_id), message)
         if file_path is not None:
             return _with_message(PathNotFound(file_path), message)
     if status == 400 and kind == "path_refused":
         return _with_message(PathRefused(file_path or "", message), message)
     if kind in _LLM_ERRORS:
         return _LLM_ERRORS[kind](message)
+    if kind in _BY_KIND:
+        return _BY_KIND[kind](message)
     if status in _BY_STATUS:
         return _BY_STATUS[status](message)
     return UnexpectedResponse(f"HTTP {status} from {url} ({kind}): {message}", status)

@@ -55,7 +55,7 @@ class SessionInfo:
 
     id: str
     profile: str
-    state: str  # starting, idle, busy, closing, closed
+    state: str  # idle, busy, paused, closing, closed
     created_at: datetime.datetime
     expires_at: datetime.datetime  # when it will be closed if left idle
     execution_count: int
@@ -75,6 +75,31 @@ class SessionInfo:
             expires_at=datetime.datetime.fromisoformat(body["expires_at"]),
             execution_count=int(body.get("execution_count", 0)),
             limits=dict(body.get("limits") or {}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotInfo:
+    """A saved session: restore it with `create_session(snapshot=...)`."""
+
+    id: str
+    session_id: str  # the session it was taken of
+    name: str
+    profile: str
+    created_at: datetime.datetime
+    size_bytes: int
+    execution_count: int
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> SnapshotInfo:
+        return cls(
+            id=str(body["id"]),
+            session_id=str(body["session_id"]),
+            name=str(body.get("name", "")),
+            profile=str(body.get("profile", "lean")),
+            created_at=datetime.datetime.fromisoformat(body["created_at"]),
+            size_bytes=int(body.get("size_bytes", 0)),
+            execution_count=int(body.get("execution_count", 0)),
         )
 
 
@@ -155,6 +180,7 @@ class AsyncClient:
         timeout: float | None = None,  # noqa: ASYNC109 (the server's limit for cells)
         env: Mapping[str, str] | None = None,
         files: Mapping[str, FileData] | None = None,
+        snapshot: str | SnapshotInfo | None = None,
     ) -> AsyncSession:
         """A new session.
 
@@ -164,13 +190,21 @@ class AsyncClient:
             timeout: default time limit of its cells, s (at most the server's --cell-timeout).
             env: environment variables to set in it.
             files: files to put in its working directory first, by path.
+            snapshot: start from this snapshot (its variables, imports and files) instead;
+                the session then has the snapshot's profile.
 
         Raises:
             TooManySessions: the server holds --max-sessions sessions already.
             SandboxError: the server could not start a sandbox.
             InvalidRequest: an unknown profile or a bad value.
+            SnapshotNotFound: unknown snapshot, or another token's.
+            RestoreRefused: the snapshot can't be restored on this server.
         """
-        body: dict[str, Any] = {"profile": profile}
+        body: dict[str, Any] = {}
+        if snapshot is not None:
+            body["snapshot"] = snapshot if isinstance(snapshot, str) else snapshot.id
+        else:
+            body["profile"] = profile
         if timeout is not None:
             body["timeout"] = timeout
         if env:
@@ -207,6 +241,24 @@ class AsyncClient:
         """Close a session. Raises SessionNotFound."""
         await self._request(
             "DELETE", f"/v1/sessions/{quote(session_id, safe='')}", session_id=session_id
+        )
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        """The snapshots of this client's token, oldest first."""
+        response = await self._request("GET", "/v1/snapshots")
+        return [SnapshotInfo.from_json(item) for item in response.json()["snapshots"]]
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        """One snapshot. Raises SnapshotNotFound."""
+        response = await self._request(
+            "GET", f"/v1/snapshots/{quote(snapshot_id, safe='')}", snapshot_id=snapshot_id
+        )
+        return SnapshotInfo.from_json(response.json())
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot and its image. Raises SnapshotNotFound."""
+        await self._request(
+            "DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}", snapshot_id=snapshot_id
         )
 
     async def run(
@@ -265,6 +317,7 @@ class AsyncClient:
         *,
         session_id: str | None = None,
         file_path: str | None = None,
+        snapshot_id: str | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """One request; a refusal or a failure raised as the tree's exception."""
@@ -272,7 +325,9 @@ class AsyncClient:
             response = await self._http.request(method, path, **kwargs)
         if response.is_success:
             return response
-        raise self._error(response, session_id=session_id, file_path=file_path)
+        raise self._error(
+            response, session_id=session_id, file_path=file_path, snapshot_id=snapshot_id
+        )
 
     def _error(
         self,
@@ -280,9 +335,15 @@ class AsyncClient:
         *,
         session_id: str | None = None,
         file_path: str | None = None,
+        snapshot_id: str | None = None,
     ) -> ClocheError:
         return error_for(
-            response, url=self.url, token=self.token, session_id=session_id, file_path=file_path
+            response,
+            url=self.url,
+            token=self.token,
+            session_id=session_id,
+            file_path=file_path,
+            snapshot_id=snapshot_id,
         )
 
 
@@ -494,6 +555,45 @@ class AsyncSession:
             timeout=timeout_s,
         )
         return str(response.json()["choices"][0]["message"]["content"])
+
+    async def snapshot(self, name: str = "") -> SnapshotInfo:
+        """Save the session as it is now (after its running cell); it goes on running.
+
+        Raises:
+            StorageFull: the server's --data-dir is full.
+            CheckpointFailed: the server could not save it.
+        """
+        response = await self.client._request(
+            "POST", f"{self._path}/snapshot", json={"name": name}, session_id=self.id
+        )
+        return SnapshotInfo.from_json(response.json())
+
+    async def fork(self, count: int = 1) -> list[AsyncSession]:
+        """count independent copies of the session as it is now; this one goes on running.
+
+        Raises:
+            TooManySessions: the copies would pass the server's --max-sessions.
+            InvalidRequest: count is below 1 or above the server's --max-fork.
+        """
+        response = await self.client._request(
+            "POST", f"{self._path}/fork", json={"count": count}, session_id=self.id
+        )
+        return [
+            AsyncSession(self.client, SessionInfo.from_json(item))
+            for item in response.json()["sessions"]
+        ]
+
+    async def pause(self) -> SessionInfo:
+        """Save the session to disk and free its memory; its next use resumes it."""
+        response = await self.client._request("POST", f"{self._path}/pause", session_id=self.id)
+        self.info = SessionInfo.from_json(response.json())
+        return self.info
+
+    async def resume(self) -> SessionInfo:
+        """Bring a paused session back now (running a cell does so by itself)."""
+        response = await self.client._request("POST", f"{self._path}/resume", session_id=self.id)
+        self.info = SessionInfo.from_json(response.json())
+        return self.info
 
     async def interrupt(self) -> bool:
         """Interrupt the running cell (KeyboardInterrupt in it); False when none was running."""

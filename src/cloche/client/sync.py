@@ -29,6 +29,7 @@ from cloche.client.aio import (
     FileInfo,
     OutputCallback,
     SessionInfo,
+    SnapshotInfo,
 )
 from cloche.client.execution import Execution
 from cloche.errors import ClocheError
@@ -103,12 +104,24 @@ class Client:
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
         files: Mapping[str, FileData] | None = None,
+        snapshot: str | SnapshotInfo | None = None,
     ) -> Session:
-        """A new session; see `AsyncClient.create_session`."""
+        """A new session, or one restored from a snapshot; see `AsyncClient.create_session`."""
         created = self._loop.call(
-            self._async.create_session(profile, timeout=timeout, env=env, files=files)
+            self._async.create_session(
+                profile, timeout=timeout, env=env, files=files, snapshot=snapshot
+            )
         )
         return Session(self._loop, created)
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return self._loop.call(self._async.list_snapshots())
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        return self._loop.call(self._async.get_snapshot(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._loop.call(self._async.delete_snapshot(snapshot_id))
 
     def session(self, session_id: str) -> Session:
         """An existing session, by id. Raises SessionNotFound."""
@@ -250,6 +263,21 @@ class Session:
     def interrupt(self) -> bool:
         """Interrupt the running cell; False when none was running."""
         return self._loop.call(self._async.interrupt())
+
+    def snapshot(self, name: str = "") -> SnapshotInfo:
+        """Save the session as it is now; see `AsyncSession.snapshot`."""
+        return self._loop.call(self._async.snapshot(name))
+
+    def fork(self, count: int = 1) -> list[Session]:
+        """Independent copies of the session as it is now; see `AsyncSession.fork`."""
+        return [Session(self._loop, copy) for copy in self._loop.call(self._async.fork(count))]
+
+    def pause(self) -> SessionInfo:
+        """Save the session to disk and free its memory; see `AsyncSession.pause`."""
+        return self._loop.call(self._async.pause())
+
+    def resume(self) -> SessionInfo:
+        return self._loop.call(self._async.resume())
 
     def refresh(self) -> SessionInfo:
         return self._loop.call(self._async.refresh())

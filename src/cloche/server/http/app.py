@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from cloche import __version__
 from cloche.config import MIB, ServerConfig
-from cloche.server.http import chat, context, errors, sessions, terrarium
+from cloche.server.http import chat, context, errors, sessions, snapshots, terrarium
 from cloche.server.http.limits import BodyLimit
 from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics
@@ -36,6 +36,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     errors.install(app)
     app.include_router(terrarium.router)
     app.include_router(sessions.router)
+    app.include_router(snapshots.router)
     app.include_router(context.router)
     app.include_router(chat.router)
 

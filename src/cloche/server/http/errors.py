@@ -11,15 +11,22 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from cloche.errors import (
+    CheckpointFailed,
     ClocheError,
+    ForkRefused,
     LLMBudgetExceeded,
     LLMError,
     LLMUnavailable,
     PathNotFound,
     PathRefused,
+    RestoreRefused,
     SandboxError,
     SessionBusy,
+    SessionLost,
     SessionNotFound,
+    SnapshotNotFound,
+    StorageFull,
+    TooManyPausedSessions,
     TooManySessions,
     Unauthorized,
     UnknownProfile,
@@ -31,6 +38,13 @@ log = logging.getLogger("cloche.http")
 # (status, type) for each condition, most specific first.
 _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (SessionNotFound, 404, "not_found"),
+    (SessionLost, 410, "lost"),
+    (SnapshotNotFound, 404, "not_found"),
+    (RestoreRefused, 422, "restore_refused"),
+    (StorageFull, 507, "storage_full"),
+    (CheckpointFailed, 503, "checkpoint_failed"),
+    (TooManyPausedSessions, 429, "too_many_paused_sessions"),
+    (ForkRefused, 400, "invalid_request"),
     (PathNotFound, 404, "not_found"),
     (PathRefused, 400, "path_refused"),
     (SessionBusy, 409, "busy"),

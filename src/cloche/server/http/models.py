@@ -66,6 +66,11 @@ class SessionCreate(BaseModel):
         description="A context (text, or any JSON) loaded as the variable `context`; for "
         "large ones, PUT /v1/sessions/{id}/context streams it",
     )
+    snapshot: str | None = Field(
+        default=None,
+        description="Restore this snapshot (its variables, imports, files) into the new "
+        "session; its profile is the snapshot's",
+    )
 
 
 class SessionLimits(BaseModel):
@@ -90,6 +95,30 @@ class SessionOut(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionOut]
+
+
+class SnapshotCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default="", max_length=200, description="A name of your choosing")
+
+
+class SnapshotOut(BaseModel):
+    id: str
+    session_id: str = Field(description="The session it was taken of")
+    name: str
+    profile: str
+    created_at: str = Field(description="ISO 8601, UTC")
+    size_bytes: int = Field(description="Its image and working directory on disk")
+    execution_count: int
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotOut]
+
+
+class ForkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(default=1, ge=1, description="Copies to make (at most --max-fork)")
 
 
 class ExecuteRequest(BaseModel):

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cloche.config import Limits
-from cloche.errors import ClocheError, PathRefused
+from cloche.errors import ClocheError, PathRefused, UnknownProfile
 from cloche.llm.context import put_context_value
 from cloche.sandbox.files import normalise
 from cloche.server.http.auth import owner_of
@@ -37,7 +37,7 @@ from cloche.sessions.session import SessionInfo
 
 log = logging.getLogger("cloche.http")
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 410, 413, 422, 429, 503)
 }
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERRORS)
 
@@ -92,7 +92,11 @@ async def create_session(
             inputs.append((item.filename, base64.b64decode(item.b64_data, validate=True)))
         except (binascii.Error, ValueError):
             raise PathRefused(item.filename, "b64_data is not valid base64") from None
-    info = await manager.create(owner, profile=body.profile)
+    if body.snapshot is not None and "profile" in body.model_fields_set:
+        raise UnknownProfile(
+            "a session restored from a snapshot takes the snapshot's profile: leave out profile"
+        )
+    info = await manager.create(owner, profile=body.profile, snapshot=body.snapshot)
     try:
         files = await manager.files(info.id, owner)
         for name, data in inputs:
