@@ -374,3 +374,17 @@ def test_idle_sessions_are_paused_and_answer_their_next_cell_with_their_state(ma
             reply = tcp.run("mine", sid)
             assert (reply["status"], reply["output"], reply["session_id"]) == ("ok", f"{n}\n", sid)
     assert manager.metrics.pauses.labels("idle")._value.get() >= len(ids)
+
+
+def test_at_the_maximum_the_least_recently_used_idle_session_is_paused_for_room(make_server):
+    small = make_server(max_sessions=2, pool_size=1)
+    with small.client() as tcp:
+        first = tcp.run("me = 'first'")["session_id"]
+        second = tcp.run("me = 'second'")["session_id"]
+        third = tcp.run("me = 'third'")
+        assert third["status"] == "ok", third
+        manager = small.server.manager
+        assert manager._sessions[first].paused and not manager._sessions[second].paused
+        assert tcp.run("me", first)["output"] == "'first'\n"  # resumed; second paused now
+        assert manager._sessions[second].paused
+        assert manager.metrics.pauses.labels("room")._value.get() == 2
