@@ -293,3 +293,38 @@ def test_repl_attaches_to_an_existing_session_and_leaves_it_open(url, environmen
     assert repl.exitstatus == 0
     assert [info.id for info in api.server.manager.list(TOKEN)] == [session_id]
     assert cloche("sessions", "close", session_id, *connect(url), env=environment).returncode == 0
+
+
+def test_sessions_snapshot_fork_pause_resume_and_snapshots(url, environment, api):
+    made = cloche("run", "-", "--keep", *connect(url), env=environment, stdin="v = 'kept'")
+    session_id = re.fullmatch(r"cloche: kept session ([0-9a-f]{32})\n", made.stderr)[1]  # type: ignore[index]
+
+    snap = cloche(
+        "sessions", "snapshot", session_id, "--name", "s1", "--json", *connect(url), env=environment
+    )
+    assert snap.returncode == 0, snap.stderr
+    snapshot = json.loads(snap.stdout)
+    assert (snapshot["session_id"], snapshot["name"]) == (session_id, "s1")
+    listed = cloche("snapshots", *connect(url), env=environment)
+    assert snapshot["id"] in listed.stdout and "s1" in listed.stdout
+
+    forked = cloche("sessions", "fork", session_id, "-n", "2", *connect(url), env=environment)
+    assert forked.returncode == 0, forked.stderr
+    copies = forked.stdout.split()
+    assert len(copies) == 2 and session_id not in copies
+
+    paused = cloche("sessions", "pause", session_id, *connect(url), env=environment)
+    assert (paused.returncode, paused.stdout) == (0, f"paused {session_id}\n"), paused.stderr
+    shown = cloche("sessions", "show", session_id, "--json", *connect(url), env=environment)
+    assert json.loads(shown.stdout)["state"] == "paused"
+    resumed = cloche("sessions", "resume", session_id, *connect(url), env=environment)
+    assert resumed.returncode == 0, resumed.stderr
+    for sid in (session_id, *copies):
+        ran = cloche("run", "-", "--session", sid, *connect(url), env=environment, stdin="v")
+        assert (ran.returncode, ran.stdout) == (0, "'kept'\n"), ran.stderr
+
+    deleted = cloche("snapshots", "delete", snapshot["id"], *connect(url), env=environment)
+    assert deleted.stdout == f"deleted {snapshot['id']}\n"
+    assert cloche("snapshots", "--json", *connect(url), env=environment).stdout.strip() == "[]"
+    closed = cloche("sessions", "close", session_id, *copies, *connect(url), env=environment)
+    assert closed.returncode == 0, closed.stderr

@@ -32,6 +32,8 @@ TOOLS = {
     "list_sessions",
     "upload_file",
     "download_file",
+    "snapshot_session",
+    "fork_session",
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOT = (
@@ -182,6 +184,32 @@ async def test_named_sessions_outlive_calls_and_are_closed_by_name(url, api):
         assert not closed.is_error
         gone = await run(client, "1", session_id=session_id)
         assert gone.is_error and "not found" in text_of(gone)
+
+
+async def test_a_session_is_snapshotted_restored_and_forked_by_tools(url, api):
+    async with over_stdio(url) as client:
+        created = await client.call_tool("create_session", {})
+        original = created.structured_content["session_id"]
+        await run(client, "state = [1, 2]", session_id=original)
+        saved = await client.call_tool("snapshot_session", {"session_id": original})
+        assert not saved.is_error, text_of(saved)
+        snapshot = saved.structured_content["snapshot_id"]
+        restored = await client.call_tool("create_session", {"snapshot": snapshot})
+        assert not restored.is_error, text_of(restored)
+        copy = restored.structured_content["session_id"]
+        forked = await client.call_tool("fork_session", {"session_id": original, "count": 2})
+        assert not forked.is_error, text_of(forked)
+        copies = forked.structured_content["session_ids"]
+        assert len({original, copy, *copies}) == 4
+        for number, sid in enumerate([copy, *copies]):
+            answer = await run(client, f"state.append({number}); state", session_id=sid)
+            assert answer.structured_content["result"] == f"[1, 2, {number}]"
+        assert (await run(client, "state", session_id=original)).structured_content[
+            "result"
+        ] == "[1, 2]"
+        for sid in (original, copy, *copies):
+            await client.call_tool("close_session", {"session_id": sid})
+        api.call(api.server.manager.delete_snapshot(snapshot, TOKEN))
 
 
 async def test_files_go_up_and_come_down(url):

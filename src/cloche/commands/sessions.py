@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from cloche.client.aio import SessionInfo
+from cloche.client.aio import SessionInfo, SnapshotInfo
 from cloche.commands.common import add_connection_options, client_of, reports_errors
 
 
@@ -30,7 +30,21 @@ def add(subparsers: Any) -> None:
     close = actions.add_parser("close", help="close sessions")
     close.add_argument("ids", nargs="+", metavar="ID")
     close.set_defaults(handler=_close)
-    for action in (listing, show, close):
+    snapshot = actions.add_parser("snapshot", help="save a session as it is now")
+    snapshot.add_argument("id")
+    snapshot.add_argument("--name", default="", help="a name of your choosing")
+    snapshot.set_defaults(handler=_snapshot)
+    fork = actions.add_parser("fork", help="copy a session into new, independent ones")
+    fork.add_argument("id")
+    fork.add_argument("-n", "--count", type=int, default=1, help="copies to make")
+    fork.set_defaults(handler=_fork)
+    pause = actions.add_parser("pause", help="save sessions to disk and free their memory")
+    pause.add_argument("ids", nargs="+", metavar="ID")
+    pause.set_defaults(handler=_pause)
+    resume = actions.add_parser("resume", help="bring paused sessions back now")
+    resume.add_argument("ids", nargs="+", metavar="ID")
+    resume.set_defaults(handler=_resume)
+    for action in (listing, show, close, snapshot, fork, pause, resume):
         action.add_argument(
             "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
         )
@@ -89,3 +103,50 @@ def _close(args: argparse.Namespace) -> int:
             client.close_session(session_id)
             print(f"closed {session_id}")
     return 0
+
+
+@reports_errors("sessions snapshot")
+def _snapshot(args: argparse.Namespace) -> int:
+    with client_of(args) as client:
+        made = client.session(args.id).snapshot(args.name)
+    if args.json:
+        print(json.dumps(snapshot_json(made), indent=2))
+    else:
+        print(f"snapshot {made.id} of {made.session_id} ({made.size_bytes} bytes)")
+    return 0
+
+
+@reports_errors("sessions fork")
+def _fork(args: argparse.Namespace) -> int:
+    with client_of(args) as client:
+        copies = client.session(args.id).fork(args.count)
+    if args.json:
+        print(json.dumps([_as_json(copy.info) for copy in copies], indent=2))
+    else:
+        for copy in copies:
+            print(copy.id)
+    return 0
+
+
+@reports_errors("sessions pause")
+def _pause(args: argparse.Namespace) -> int:
+    with client_of(args) as client:
+        for session_id in args.ids:
+            client.session(session_id).pause()
+            print(f"paused {session_id}")
+    return 0
+
+
+@reports_errors("sessions resume")
+def _resume(args: argparse.Namespace) -> int:
+    with client_of(args) as client:
+        for session_id in args.ids:
+            client.session(session_id).resume()
+            print(f"resumed {session_id}")
+    return 0
+
+
+def snapshot_json(info: SnapshotInfo) -> dict[str, Any]:
+    fields = dataclasses.asdict(info)
+    fields["created_at"] = info.created_at.isoformat()
+    return fields

@@ -266,9 +266,14 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 "scipy and sympy preloaded, so importing them is instant"
             ),
         ] = "lean",
+        snapshot: Annotated[
+            str | None,
+            Field(description="Start from this snapshot (see snapshot_session) instead"),
+        ] = None,
     ) -> CallToolResult:
         with _as_tool_errors():
-            session = await scope.client(ctx).create_session(profile)
+            session = await scope.client(ctx).create_session(profile, snapshot=snapshot)
+        profile = session.info.profile  # type: ignore[assignment]  # a snapshot's own
         return CallToolResult(
             content=[
                 TextContent(
@@ -314,6 +319,54 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         return CallToolResult(
             content=[TextContent(type="text", text="\n".join(lines) or "No sessions.")],
             structured_content={"sessions": rows},
+        )
+
+    @server.tool(
+        description="Save a session as it is now (variables, imports, files); it keeps "
+        "running. create_session(snapshot=...) starts a new session from the snapshot."
+    )
+    async def snapshot_session(
+        session_id: str,
+        ctx: Context,
+        name: Annotated[str, Field(description="A name of your choosing")] = "",
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            session = await scope.client(ctx).session(session_id)
+            snapshot = await session.snapshot(name)
+        return CallToolResult(
+            content=[
+                TextContent(
+                    type="text",
+                    text=f"Saved session {session_id} as snapshot {snapshot.id} "
+                    f"({snapshot.size_bytes} bytes). Pass snapshot={snapshot.id} to "
+                    "create_session to start a copy of it.",
+                )
+            ],
+            structured_content={"snapshot_id": snapshot.id, "session_id": session_id},
+        )
+
+    @server.tool(
+        description="Copy a session as it is now into count new, independent sessions (to "
+        "try several continuations); the original keeps running."
+    )
+    async def fork_session(
+        session_id: str,
+        ctx: Context,
+        count: Annotated[int, Field(description="Copies to make", ge=1)] = 1,
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            session = await scope.client(ctx).session(session_id)
+            copies = await session.fork(count)
+        ids = [copy.id for copy in copies]
+        return CallToolResult(
+            content=[
+                TextContent(
+                    type="text",
+                    text=f"Forked session {session_id} into {', '.join(ids)}; each runs on "
+                    "its own from the state the original had.",
+                )
+            ],
+            structured_content={"session_ids": ids, "session_id": session_id},
         )
 
     @server.tool(description="Write a file into a session's working directory.")
