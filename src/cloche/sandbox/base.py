@@ -55,6 +55,9 @@ class Sandbox(abc.ABC):
     def __init__(self, sandbox_id: str, workdir: Path, limits: Limits) -> None:
         self.id = sandbox_id
         self.workdir = workdir  # host path of the session's working directory
+        # Host path of the session's writable site directory (packages installed into the
+        # session), on its kernel's sys.path; None when the backend has none.
+        self.site_dir: Path | None = None
         self.file_owner: tuple[int, int] | None = None  # (uid, gid) for files we put there
         self.limits = limits
         self.process: subprocess.Popen[bytes] | None = None
