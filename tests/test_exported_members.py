@@ -20,6 +20,7 @@ EXPECTED = [
     "LLMError",
     "LLMUnavailable",
     "Logs",
+    "PackageInstallError",
     "PathNotFound",
     "PathRefused",
     "RequestTimeout",

@@ -28,6 +28,7 @@ from cloche.sessions.result import CellResult, CellStatus
 
 if TYPE_CHECKING:
     from cloche.llm.bridge import KernelLLM
+    from cloche.packages.bridge import KernelPip
 
 log = logging.getLogger("cloche.kernel")
 
@@ -107,6 +108,7 @@ class KernelClient:
         self._exit_step: ExitStep | None = None
         self.killing = False
         self.llm: KernelLLM | None = None  # answers the cells' llm_query, when configured
+        self.pip: KernelPip | None = None  # answers the cells' `%pip install`
 
     @property
     def id(self) -> str:
@@ -207,6 +209,8 @@ class KernelClient:
             cell.timer.cancel()
             if self.llm is not None:
                 self.llm.end(cell)
+            if self.pip is not None:
+                self.pip.end(cell)
             if self._cell is cell:
                 self._cell = None
         return cell.result
@@ -244,6 +248,8 @@ class KernelClient:
         loop.run_in_executor(None, self.sandbox.interrupt)
         if self.llm is not None:  # a call in flight is answered now, so the cell can stop
             self.llm.stop(cell, f"the cell was interrupted ({reason.value})", interrupted=True)
+        if self.pip is not None:
+            self.pip.stop(cell)
 
     def _kill(self, why: str) -> None:
         if self.death is None:
@@ -291,6 +297,13 @@ class KernelClient:
             if cell is None or self.llm is None:
                 raise InvalidMessage("an LLM request outside a cell, or without an LLM backend")
             self.llm.request(cell, message)
+        elif op == "pip":
+            if cell is None:
+                raise InvalidMessage("a pip request outside a cell")
+            if self.pip is None:
+                self.send({"op": "pip_reply", "id": message.get("id"), "error": "no installer"})
+            else:
+                self.pip.request(cell, message)
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")

@@ -11,13 +11,17 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cloche.config import ServerConfig
-from cloche.errors import KernelDied, SessionNotFound, TooManySessions
+from cloche.errors import KernelDied, PackageInstallError, SessionNotFound, TooManySessions
+from cloche.packages.bridge import KernelPip
+from cloche.packages.installer import Installer
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import WorkdirFiles
 from cloche.server.metrics import Metrics
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
     from cloche.llm.broker import Broker
 
 log = logging.getLogger("cloche.session")
+
+InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
 
 
 def new_session_id() -> str:
@@ -108,6 +114,17 @@ class SessionManager(abc.ABC):
             SessionNotFound: unknown id or another owner's session.
         """
 
+    async def install_packages(
+        self, session_id: str, specs: Sequence[str], owner: str | None = None
+    ) -> InstalledPackages:
+        """Install packages into a session, queued as a cell; [{name, version}] installed.
+
+        Raises:
+            SessionNotFound: unknown id or another owner's session.
+            PackageInstallError: refused or failed; the session is as it was.
+        """
+        raise PackageInstallError(f"{type(self).__name__} can't install packages")
+
     @abc.abstractmethod
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         """Interrupt the running cell; False when none was running."""
@@ -161,6 +178,9 @@ class LocalSessionManager(SessionManager):
         }
         self.pool = self.pools[LEAN.name]
         self.metrics = Metrics()
+        self.installer = Installer(
+            config.packages, sys.executable, config.runtime_dir, self.metrics
+        )
         if config.llm is not None:
             from cloche.llm.broker import Broker
 
@@ -177,6 +197,7 @@ class LocalSessionManager(SessionManager):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.backend.prepare)
+        await asyncio.to_thread(self.installer.prepare)
         for pool in self.pools.values():
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
@@ -221,6 +242,7 @@ class LocalSessionManager(SessionManager):
             from cloche.llm.bridge import KernelLLM
 
             kernel.llm = KernelLLM(self.llm, self.llm.budget(session.id), kernel)
+        kernel.pip = KernelPip(self.installer.for_session(kernel.sandbox), kernel)
         self._sessions[session.id] = session
         self.created += 1
         self.metrics.sessions_created.labels(profile).inc()
@@ -275,6 +297,15 @@ class LocalSessionManager(SessionManager):
         if result.status is CellStatus.KILLED:
             self._forget(session, "killed")
         return result
+
+    async def install_packages(
+        self, session_id: str, specs: Sequence[str], owner: str | None = None
+    ) -> InstalledPackages:
+        pip = self._find(session_id, owner).kernel.pip
+        assert pip is not None
+        return await pip.install_through_cell(
+            list(specs), lambda code: self.execute(session_id, code, owner=owner, silent=True)
+        )
 
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         return self._find(session_id, owner).interrupt()

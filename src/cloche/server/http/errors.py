@@ -15,6 +15,7 @@ from cloche.errors import (
     LLMBudgetExceeded,
     LLMError,
     LLMUnavailable,
+    PackageInstallError,
     PathNotFound,
     PathRefused,
     SandboxError,
@@ -41,6 +42,7 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (LLMUnavailable, 404, "llm_unavailable"),
     (LLMBudgetExceeded, 429, "llm_budget"),
     (LLMError, 502, "llm_error"),
+    (PackageInstallError, 422, "package_install"),
 )
 
 
