@@ -153,3 +153,40 @@ def test_a_second_install_comes_from_the_cache(pkg_server):
         with client.create_session() as second:
             ok(second.run("%pip install -q humanize\nimport humanize"))
     assert cached() == before + 1
+
+
+def test_the_cells_clock_waits_while_the_host_installs(packages_server, tmp_path):
+    """A cold install (resolve + download) takes longer than this server's 1 s cells."""
+    from cloche.config import Limits, PackageConfig
+    from support import ServerThread, make_config
+
+    limits = Limits(cell_timeout_s=1.0, interrupt_grace_s=1.0)
+    packages = PackageConfig(cache_dir=tmp_path / "cold-cache")
+    config = make_config(tmp_path / "state", pool_size=1, limits=limits, packages=packages)
+    with ServerThread(config) as server:
+        with cloche.Client(f"http://127.0.0.1:{server.http_port}") as client:
+            with client.create_session() as session:
+                execution = session.run("%pip install -q humanize tabulate\nimport humanize")
+                assert execution.status == "ok", execution
+                assert execution.duration_ms > 0
+
+
+def test_an_install_can_be_interrupted_and_the_session_lives_on(pkg_server, session):
+    import threading
+    import time
+
+    ok(session.run("kept = 41"))
+    kernel = pkg_server.server.manager._sessions[session.id].kernel
+    outcome: list[cloche.Execution] = []
+    cell = threading.Thread(
+        target=lambda: outcome.append(session.run("%pip install -q cloche-no-such-package-7e2\n"))
+    )
+    cell.start()
+    deadline = time.monotonic() + 60
+    while not (kernel.pip._task is not None and not kernel.pip._task.done()):
+        assert time.monotonic() < deadline, "the install never started"
+        time.sleep(0.01)
+    assert session.interrupt()
+    cell.join(60)
+    assert outcome and outcome[0].status == "interrupted", outcome
+    assert session.run("kept + 1").text == "42"
