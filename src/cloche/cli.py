@@ -144,6 +144,13 @@ SERVE_OPTIONS = (
         "site-packages importable inside sandboxes (default: .runtime/ beside the venv)",
     ),
     _Option(
+        "--profiles",
+        Path,
+        None,
+        "TOML file of profiles built from requirements ([profiles.NAME] requirements, "
+        "preload, pool, memory_mib)",
+    ),
+    _Option(
         "--packages",
         str,
         "on",
@@ -306,6 +313,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tokens=frozenset(tokens),
         llm=_llm_config(args),
         packages=_package_config(args),
+        profiles_file=args.profiles,
     )
 
 

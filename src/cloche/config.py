@@ -114,3 +114,4 @@ class ServerConfig:
     start_concurrency: int = 0  # sandboxes started at once by the pool; 0 = number of cores
     llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off
     packages: PackageConfig = field(default_factory=PackageConfig)
+    profiles_file: Path | None = None  # --profiles: TOML of profiles built from requirements

@@ -78,21 +78,27 @@ class Installer:
             self.cache.prepare()
             self.pip.prepare()
 
-    def for_session(self, sandbox: Sandbox) -> SessionPackages | None:
-        """The installs of one session; None when its sandbox has no site directory."""
+    def for_session(
+        self, sandbox: Sandbox, runtime_dir: Path | None = None
+    ) -> SessionPackages | None:
+        """The installs of one session whose runtime is runtime_dir (by default the
+        server's); None when its sandbox has no site directory."""
         if sandbox.site_dir is None:
             return None
         uid, gid = sandbox.file_owner or (None, None)
         site = WorkdirFiles(sandbox.site_dir, uid, gid, self.config.max_mib * MIB)
-        return SessionPackages(self, site)
+        return SessionPackages(self, site, runtime_dir)
 
 
 class SessionPackages:
     """What one session installed, and its next install."""
 
-    def __init__(self, installer: Installer, site: WorkdirFiles) -> None:
+    def __init__(
+        self, installer: Installer, site: WorkdirFiles, runtime_dir: Path | None = None
+    ) -> None:
         self.installer = installer
         self.site = site
+        self.runtime_dir = runtime_dir
         self.installed: dict[str, str] = {}  # normalised name -> version
         self.used_bytes = 0
         self._lock = asyncio.Lock()
@@ -122,7 +128,9 @@ class SessionPackages:
             raise PackageInstallError("this server does not install packages (--packages off)")
         wanted = requirements.parse(specs)
         self._check_allowed({requirements.name_of(r) for r in wanted})
-        wheels = await installer.pip.resolve([str(r) for r in wanted], dict(self.installed))
+        wheels = await installer.pip.resolve(
+            [str(r) for r in wanted], dict(self.installed), self.runtime_dir
+        )
         self._check_allowed({wheel.name for wheel in wheels})
         new = []
         for wheel in wheels:

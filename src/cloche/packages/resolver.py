@@ -94,9 +94,12 @@ class Pip:
     def _index_args(self) -> list[str]:
         return ["--index-url", self.index_url] if self.index_url else []
 
-    async def resolve(self, requirements: list[str], pinned: dict[str, str]) -> list[Wheel]:
+    async def resolve(
+        self, requirements: list[str], pinned: dict[str, str], runtime_dir: Path | None = None
+    ) -> list[Wheel]:
         """The wheels to install for requirements, beside pinned (name -> version) and the
-        runtime. Raises PackageInstallError."""
+        runtime (runtime_dir, by default the one given at construction). Raises
+        PackageInstallError."""
         with tempfile.TemporaryDirectory(prefix="cloche-pip-") as work:
             constraints = Path(work) / "constraints.txt"
             constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))
@@ -115,7 +118,7 @@ class Pip:
                 "--",
                 *requirements,
             ]
-            code, output = await self._run(args)
+            code, output = await self._run(args, runtime_dir)
             if code != 0:
                 raise PackageInstallError(await self._explain(requirements, output))
             data = json.loads(report.read_text())
@@ -175,9 +178,10 @@ class Pip:
                 return line.split(":", 1)[1].strip()[:200]
         return ""
 
-    async def _run(self, args: list[str]) -> tuple[int, str]:
+    async def _run(self, args: list[str], runtime_dir: Path | None = None) -> tuple[int, str]:
         """(exit status, output) of a pip run; killed after timeout_s."""
-        runtime = str(self.runtime_dir) if self.runtime_dir is not None else ""
+        runtime_dir = runtime_dir or self.runtime_dir
+        runtime = str(runtime_dir) if runtime_dir is not None else ""
         command = [self.python, "-I", "-S", "-c", _BOOT, str(self.tool_dir), runtime]
         process = await asyncio.create_subprocess_exec(
             *command,

@@ -68,6 +68,11 @@ class Sandbox(abc.ABC):
         # `checkpoint`): the kernel comes back as it was saved, without a `ready` message.
         self.restore_from: Path | None = None
 
+    def use_runtime(self, runtime_dir: Path) -> None:
+        """Give the kernel this site-packages as its runtime instead of the server's
+        (--runtime-dir): a profile's own. Before `launch`."""
+        raise NotImplementedError(f"the {type(self).__name__} backend has one runtime only")
+
     @abc.abstractmethod
     def launch(self) -> None:
         """Start the kernel (blocking; call from a thread)."""

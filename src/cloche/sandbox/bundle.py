@@ -43,7 +43,8 @@ class Mount:
 
 def build_rootfs(rootfs: Path, mounts: list[Mount]) -> None:
     """The skeleton root: merged-/usr symlinks, our own /etc, and empty mount points."""
-    for name in ("usr", "etc", "tmp", "proc", "dev", "sys", WORKDIR.strip("/"), SITE_MOUNT[1:]):
+    fixed = (WORKDIR.strip("/"), RUNTIME_MOUNT[1:], SITE_MOUNT[1:])
+    for name in ("usr", "etc", "tmp", "proc", "dev", "sys", *fixed):
         (rootfs / name).mkdir(parents=True, exist_ok=True)
     for link in ("bin", "lib", "lib64", "sbin"):
         if not (rootfs / link).is_symlink():

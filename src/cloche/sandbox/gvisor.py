@@ -158,6 +158,14 @@ class GVisorSandbox(Sandbox):
             backend.python, str(Path(KERNEL_MOUNT).parent.parent), [*backend.sys_path, SITE_MOUNT]
         )
         self._mounted = False
+        self.mounts = backend.mounts
+
+    def use_runtime(self, runtime_dir: Path) -> None:
+        self.mounts = [m for m in self.backend.mounts if m.destination != RUNTIME_MOUNT]
+        self.mounts.append(Mount(runtime_dir.resolve(), RUNTIME_MOUNT))
+        self.command = kernel_command(
+            self.backend.python, str(Path(KERNEL_MOUNT).parent.parent), [RUNTIME_MOUNT, SITE_MOUNT]
+        )
 
     @property
     def runsc(self) -> Runsc:
@@ -185,7 +193,7 @@ class GVisorSandbox(Sandbox):
             rootfs=backend.rootfs,
             args=self.command,
             workdir=self.workdir,
-            mounts=backend.mounts,
+            mounts=self.mounts,
             site_dir=self.site_dir,
             limits=self.limits,
             cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),

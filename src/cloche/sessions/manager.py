@@ -16,18 +16,26 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloche.config import ServerConfig
-from cloche.errors import KernelDied, PackageInstallError, SessionNotFound, TooManySessions
+from cloche.errors import (
+    KernelDied,
+    PackageInstallError,
+    SandboxStartError,
+    SessionNotFound,
+    TooManySessions,
+    UnknownProfile,
+)
 from cloche.packages.bridge import KernelPip
 from cloche.packages.installer import Installer
+from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, file_profiles
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import WorkdirFiles
 from cloche.server.metrics import Metrics
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.pool import WarmPool
-from cloche.sessions.profiles import DATA, LEAN, get_profile
+from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState
 
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cloche.session")
 
 InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
+PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
 
 def new_session_id() -> str:
@@ -161,6 +170,7 @@ class LocalSessionManager(SessionManager):
             from cloche.llm.bridge import install_code
 
             llm_setup = install_code(config.llm, config.max_frame_bytes)
+        self._llm_setup = llm_setup
         self.pools = {
             profile.name: WarmPool(
                 backend,
@@ -181,6 +191,15 @@ class LocalSessionManager(SessionManager):
         self.installer = Installer(
             config.packages, sys.executable, config.runtime_dir, self.metrics
         )
+        self.catalog: ProfileCatalog | None = None  # profiles from --profiles
+        if config.profiles_file is not None:
+            self.catalog = file_profiles(
+                config.profiles_file,
+                config.limits.memory_mib,
+                self.installer.pip,
+                self.installer.cache,
+                self._profile_ready,
+            )
         if config.llm is not None:
             from cloche.llm.broker import Broker
 
@@ -202,6 +221,52 @@ class LocalSessionManager(SessionManager):
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
         self.metrics.watch(self)
+        if self.catalog is not None:
+            self.catalog.start()
+
+    def _profile_ready(self, status: ProfileStatus) -> None:
+        """A profile of the file has its runtime: start its pool."""
+        spec = status.spec
+        assert spec is not None
+        limits = self.limits
+        if spec.memory_mib is not None:
+            limits = replace(limits, memory_mib=spec.memory_mib)
+        profile = Profile(
+            spec.name, preload=spec.preload_code + self._llm_setup, runtime_dir=status.runtime_dir
+        )
+        pool = WarmPool(
+            self.backend,
+            limits,
+            profile,
+            size=spec.pool,
+            max_frame_bytes=self.config.max_frame_bytes,
+            start_concurrency=self.config.start_concurrency,
+        )
+        pool.on_start = self._sandbox_started
+        self.pools[spec.name] = pool
+        if not self._stopped:
+            pool.start()
+
+    async def _pool(self, name: str) -> WarmPool:
+        """The pool of a profile; one of the file waits while it builds (up to a limit)."""
+        if name in self.pools:
+            return self.pools[name]
+        status = None
+        if self.catalog is not None:
+            try:
+                status = await self.catalog.wait(name, PROFILE_WAIT_S)
+            except TimeoutError:
+                raise SandboxStartError(
+                    f"profile {name!r} is still building its runtime; try again shortly "
+                    "(GET /v1/profiles shows its state)"
+                ) from None
+        if status is not None and name not in self.pools:
+            raise UnknownProfile(status.error or f"profile {name!r} can't serve")
+        return self.pools.get(name) or self.pools[get_profile(name).name]
+
+    def profiles(self) -> list[dict[str, Any]]:
+        """Every profile with its state and packages (blocking: reads runtimes' listings)."""
+        return describe(self.catalog, self.config.runtime_dir)
 
     def _sandbox_started(self, profile: str, seconds: float, ok: bool) -> None:
         if ok:
@@ -217,7 +282,7 @@ class LocalSessionManager(SessionManager):
         return (await self._create(owner, profile)).info()
 
     async def _create(self, owner: str | None, profile: str = "lean") -> Session:
-        pool = self.pools[get_profile(profile).name]
+        pool = await self._pool(profile)
         if self._stopped:
             raise TooManySessions("the server is shutting down")
         if len(self._sessions) + self._creating >= self.config.max_sessions:
@@ -242,7 +307,8 @@ class LocalSessionManager(SessionManager):
             from cloche.llm.bridge import KernelLLM
 
             kernel.llm = KernelLLM(self.llm, self.llm.budget(session.id), kernel)
-        kernel.pip = KernelPip(self.installer.for_session(kernel.sandbox), kernel)
+        packages = self.installer.for_session(kernel.sandbox, pool.profile.runtime_dir)
+        kernel.pip = KernelPip(packages, kernel)
         self._sessions[session.id] = session
         self.created += 1
         self.metrics.sessions_created.labels(profile).inc()
@@ -364,6 +430,8 @@ class LocalSessionManager(SessionManager):
 
     async def stop(self) -> None:
         self._stopped = True
+        if self.catalog is not None:
+            await self.catalog.stop()
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)

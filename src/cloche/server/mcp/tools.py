@@ -15,7 +15,7 @@ import binascii
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -260,10 +260,12 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
     async def create_session(
         ctx: Context,
         profile: Annotated[
-            Literal["lean", "data"],
+            str,
             Field(
                 description="lean: nothing preloaded; data: numpy, pandas, matplotlib, "
-                "scipy and sympy preloaded, so importing them is instant"
+                "scipy and sympy preloaded, so importing them is instant; or a profile "
+                "the server defines (its --profiles file)",
+                max_length=32,
             ),
         ] = "lean",
     ) -> CallToolResult:
