@@ -159,8 +159,9 @@ class AsyncClient:
         """A new session.
 
         Args:
-            profile: `lean` (nothing preloaded) or `data` (numpy, pandas, matplotlib, scipy
-                and sympy preloaded: importing them costs nothing).
+            profile: `lean` (nothing preloaded), `data` (numpy, pandas, matplotlib, scipy
+                and sympy preloaded: importing them costs nothing), or one of the server's
+                --profiles file.
             timeout: default time limit of its cells, s (at most the server's --cell-timeout).
             env: environment variables to set in it.
             files: files to put in its working directory first, by path.

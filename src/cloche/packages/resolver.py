@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -36,6 +37,9 @@ _BOOT = (
 _COMMON = ("--disable-pip-version-check", "--no-input", "--no-color")
 _OUTPUT_BYTES = 64 * 1024  # of pip's stderr kept for an error message
 _NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
+# A resolution is reused for this long: the same install in the next session (the common
+# case: every agent's session asks for the same packages) skips pip and the index.
+RESOLUTION_TTL_S = 300.0
 _CONFLICT = re.compile(r"ResolutionImpossible|conflicting dependencies|Cannot install")
 
 
@@ -77,6 +81,7 @@ class Pip:
         self.tool_dir = tool_dir
         self.index_url = index_url
         self.timeout_s = timeout_s
+        self._resolved: dict[tuple[object, ...], tuple[float, list[Wheel]]] = {}
 
     def prepare(self) -> None:
         """Link pip into tool_dir (blocking)."""
@@ -98,8 +103,21 @@ class Pip:
         self, requirements: list[str], pinned: dict[str, str], runtime_dir: Path | None = None
     ) -> list[Wheel]:
         """The wheels to install for requirements, beside pinned (name -> version) and the
-        runtime (runtime_dir, by default the one given at construction). Raises
-        PackageInstallError."""
+        runtime (runtime_dir, by default the one given at construction); a resolution
+        of the same within RESOLUTION_TTL_S is reused. Raises PackageInstallError."""
+        key = (tuple(requirements), tuple(sorted(pinned.items())), runtime_dir)
+        now = time.monotonic()
+        cached = self._resolved.get(key)
+        if cached is not None and now - cached[0] < RESOLUTION_TTL_S:
+            return list(cached[1])
+        wheels = await self._resolve(requirements, pinned, runtime_dir)
+        self._resolved = {k: v for k, v in self._resolved.items() if now - v[0] < RESOLUTION_TTL_S}
+        self._resolved[key] = (now, wheels)
+        return list(wheels)
+
+    async def _resolve(
+        self, requirements: list[str], pinned: dict[str, str], runtime_dir: Path | None
+    ) -> list[Wheel]:
         with tempfile.TemporaryDirectory(prefix="cloche-pip-") as work:
             constraints = Path(work) / "constraints.txt"
             constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))
