@@ -63,7 +63,8 @@ class Pip:
     Args:
         python: The interpreter the sandbox runs (wheels are chosen for it).
         runtime_dir: The session runtime's site-packages on the host, or None.
-        tool_dir: A directory of ours to hold a link to pip (nothing else is put there).
+        tool_dir: A directory of ours to hold a link to pip (nothing else is put there);
+            pip's own HTTP cache goes beside it, in pip-http/.
         index_url: --package-index, or None for pip's own configuration.
         timeout_s: Longest a pip run may take.
     """
@@ -205,6 +206,8 @@ class Pip:
             *command,
             *args[:1],
             *_COMMON,
+            "--cache-dir",
+            str(self.tool_dir.parent / "pip-http"),
             *args[1:],
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
