@@ -153,6 +153,9 @@ def test_a_second_install_comes_from_the_cache(pkg_server):
         with client.create_session() as second:
             ok(second.run("%pip install -q humanize\nimport humanize"))
     assert cached() == before + 1
+    scraped = httpx.get(f"http://127.0.0.1:{pkg_server.http_port}/metrics").text
+    assert 'cloche_package_installs_total{outcome="ok"}' in scraped
+    assert "cloche_package_bytes_total" in scraped
 
 
 def test_the_cells_clock_waits_while_the_host_installs(packages_server, tmp_path):
@@ -190,3 +193,20 @@ def test_an_install_can_be_interrupted_and_the_session_lives_on(pkg_server, sess
     cell.join(60)
     assert outcome and outcome[0].status == "interrupted", outcome
     assert session.run("kept + 1").text == "42"
+
+
+def test_the_unsafe_local_backend_installs_into_its_site_directory_too(tmp_path, package_cache):
+    from cloche.config import PackageConfig
+    from support import ServerThread, make_config
+
+    config = make_config(
+        tmp_path,
+        backend="unsafe-local",
+        pool_size=1,
+        packages=PackageConfig(cache_dir=package_cache),
+    )
+    with ServerThread(config) as server, server.client() as client:
+        reply = client.run("%pip install -q humanize\nimport humanize\nhumanize.__file__")
+        assert reply["status"] == "ok", reply
+        site = sandbox_of(server, reply["session_id"]).site_dir
+        assert reply["output"].strip().strip("'").startswith(str(site))

@@ -123,6 +123,9 @@ def test_a_profile_is_built_listed_pooled_and_its_sessions_import_its_packages(
                 client.create_session("typo")
             with pytest.raises(cloche.ClocheError, match="unknown profile"):
                 client.create_session("nothere")
+        with server.client() as tcp:  # the TCP protocol's field `profile`
+            reply = tcp.request({"code": "import tabulate; 'ok'", "profile": "tab"})
+            assert reply["status"] == "ok", reply
         built = server.server.manager.catalog.statuses["tab"].build_s
 
     # A restart finds the runtime without rebuilding, even with the index unreachable.
