@@ -21,6 +21,7 @@ EXPECTED = [
     "LLMError",
     "LLMUnavailable",
     "Logs",
+    "PackageInstallError",
     "PathNotFound",
     "PathRefused",
     "RequestTimeout",

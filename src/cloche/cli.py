@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cloche.commands import add_commands
-from cloche.config import Limits, LLMConfig, ServerConfig, default_state_dir
+from cloche.config import Limits, LLMConfig, PackageConfig, ServerConfig, default_state_dir
 from cloche.errors import ConfigError
 
 
@@ -53,6 +53,7 @@ def _flag(text: str) -> bool:
 _limits = Limits()
 _config = ServerConfig()
 _llm = LLMConfig(base_url="", model="")
+_packages = PackageConfig()
 SERVE_OPTIONS = (
     _Option("--host", str, _config.host, "address to listen on"),
     _Option(
@@ -164,6 +165,32 @@ SERVE_OPTIONS = (
         None,
         "site-packages importable inside sandboxes (default: .runtime/ beside the venv)",
     ),
+    _Option(
+        "--profiles",
+        Path,
+        None,
+        "TOML file of profiles built from requirements ([profiles.NAME] requirements, "
+        "preload, pool, memory_mib)",
+    ),
+    _Option(
+        "--packages",
+        str,
+        "on",
+        "`%%pip install` in sessions: on, off, or allow-list:FILE (project names, one a line)",
+    ),
+    _Option(
+        "--package-index",
+        str,
+        None,
+        "index the server fetches wheels from (default: pip's configuration, i.e. PyPI)",
+    ),
+    _Option(
+        "--package-max-mib",
+        int,
+        _packages.max_mib,
+        "packages installed into one session, MiB unpacked",
+    ),
+    _Option("--package-cache-dir", Path, _packages.cache_dir, "the wheel cache shared by sessions"),
     _Option(
         "--llm-base-url",
         str,
@@ -313,6 +340,29 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         runtime_dir=args.runtime_dir or _default_runtime_dir(),
         tokens=frozenset(tokens),
         llm=_llm_config(args),
+        packages=_package_config(args),
+        profiles_file=args.profiles,
+    )
+
+
+def _package_config(args: argparse.Namespace) -> PackageConfig:
+    """--packages on|off|allow-list:FILE, --package-index, --package-max-mib."""
+    from cloche.packages.requirements import read_allow_list
+
+    mode: str = args.packages
+    allow_list = None
+    if mode.startswith("allow-list:"):
+        allow_list = read_allow_list(Path(mode.split(":", 1)[1]))
+    elif mode not in ("on", "off"):
+        raise ConfigError(f"--packages must be on, off or allow-list:FILE, not {mode!r}")
+    if args.package_max_mib <= 0:
+        raise ConfigError(f"--package-max-mib must be positive, not {args.package_max_mib}")
+    return PackageConfig(
+        enabled=mode != "off",
+        allow_list=allow_list,
+        index_url=args.package_index,
+        max_mib=args.package_max_mib,
+        cache_dir=args.package_cache_dir,
     )
 
 

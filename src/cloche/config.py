@@ -71,6 +71,26 @@ def default_data_dir() -> Path:
     return Path(data_home) / "cloche"
 
 
+def default_package_cache_dir() -> Path:
+    """Where downloaded wheels are kept across restarts (shared by every session)."""
+    if os.geteuid() == 0:
+        return Path("/var/cache/cloche/packages")
+    cache = os.environ.get("XDG_CACHE_HOME")
+    return (Path(cache) if cache else Path.home() / ".cache") / "cloche" / "packages"
+
+
+@dataclass(frozen=True)
+class PackageConfig:
+    """`%pip install` in sessions: the host fetches wheels, the sandbox only sees files."""
+
+    enabled: bool = True  # --packages on|off
+    allow_list: frozenset[str] | None = None  # normalised project names; None: any
+    index_url: str | None = None  # --package-index; None: pip's own configuration (PyPI)
+    max_mib: int = 512  # unpacked packages per session
+    cache_dir: Path = field(default_factory=default_package_cache_dir)
+    timeout_s: float = 300.0  # one install (resolve, download, unpack); the cell's clock waits
+
+
 def default_state_dir() -> Path:
     """Where per-server state lives: /run/cloche as root, else a private tmp dir."""
     if os.geteuid() == 0:
@@ -110,3 +130,5 @@ class ServerConfig:
     platform: str = "auto"  # runsc platform: auto, systrap, ptrace
     start_concurrency: int = 0  # sandboxes started at once by the pool; 0 = number of cores
     llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off
+    packages: PackageConfig = field(default_factory=PackageConfig)
+    profiles_file: Path | None = None  # --profiles: TOML of profiles built from requirements

@@ -13,6 +13,7 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     ├── LLMError                    a language-model call failed (a cell sees it as LLMError)
     │   ├── LLMUnavailable          the server has no LLM backend (--llm-base-url)
     │   └── LLMBudgetExceeded       a session spent its budget (--llm-max-calls, ...)
+    ├── PackageInstallError         `%pip install` refused or failed (a cell sees it as such)
     ├── SandboxError                a sandbox could not be started or was lost
     │   ├── SandboxStartError       it failed to start (after retries)
     │   └── KernelDied              it exited or broke the channel while in use
@@ -90,6 +91,11 @@ class LLMUnavailable(LLMError):
 
 class LLMBudgetExceeded(LLMError):
     """A session spent one of its LLM budgets (calls, tokens, time)."""
+
+
+class PackageInstallError(ClocheError):
+    """Packages could not be installed into a session: refused by policy, unknown, no wheel
+    for the sandbox, too large, or the index failed. The session is left as it was."""
 
 
 class SandboxError(ClocheError):

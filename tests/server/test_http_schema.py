@@ -46,6 +46,8 @@ OPERATIONS = [
     ("GET", "/v1/sessions/{session_id}/files/{path}"),
     ("PUT", "/v1/sessions/{session_id}/files/{path}"),
     ("PUT", "/v1/sessions/{session_id}/context"),
+    ("POST", "/v1/sessions/{session_id}/packages"),
+    ("GET", "/v1/profiles"),
     ("POST", "/v1/chat/completions"),
 ]
 

@@ -17,6 +17,7 @@ from cloche.errors import (
     LLMBudgetExceeded,
     LLMError,
     LLMUnavailable,
+    PackageInstallError,
     PathNotFound,
     PathRefused,
     RequestTimeout,
@@ -141,6 +142,8 @@ def error_for(
             return _with_message(PathNotFound(file_path), message)
     if status == 400 and kind == "path_refused":
         return _with_message(PathRefused(file_path or "", message), message)
+    if kind == "package_install":
+        return PackageInstallError(message)
     if kind in _LLM_ERRORS:
         return _LLM_ERRORS[kind](message)
     if kind in _BY_KIND:

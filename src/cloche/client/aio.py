@@ -185,8 +185,9 @@ class AsyncClient:
         """A new session.
 
         Args:
-            profile: `lean` (nothing preloaded) or `data` (numpy, pandas, matplotlib, scipy
-                and sympy preloaded: importing them costs nothing).
+            profile: `lean` (nothing preloaded), `data` (numpy, pandas, matplotlib, scipy
+                and sympy preloaded: importing them costs nothing), or one of the server's
+                --profiles file.
             timeout: default time limit of its cells, s (at most the server's --cell-timeout).
             env: environment variables to set in it.
             files: files to put in its working directory first, by path.
@@ -594,6 +595,28 @@ class AsyncSession:
         response = await self.client._request("POST", f"{self._path}/resume", session_id=self.id)
         self.info = SessionInfo.from_json(response.json())
         return self.info
+
+    async def install(self, *packages: str) -> list[dict[str, str]]:
+        """Install packages into the session, as `%pip install` in a cell would.
+
+        The server fetches wheels (the sandbox has no network) and unpacks them into the
+        session's site directory; the session's next cells can import them.
+
+        Args:
+            packages: pip requirements by name and version, e.g. "humanize==4.*".
+
+        Returns:
+            [{"name", "version"}] of the packages installed (those the session already
+            had are not listed).
+
+        Raises:
+            PackageInstallError: refused by the server's policy, unknown, no wheel for
+                the sandbox, or over the server's --package-max-mib.
+        """
+        response = await self.client._request(
+            "POST", f"{self._path}/packages", session_id=self.id, json={"packages": list(packages)}
+        )
+        return [dict(item) for item in response.json()["installed"]]
 
     async def interrupt(self) -> bool:
         """Interrupt the running cell (KeyboardInterrupt in it); False when none was running."""

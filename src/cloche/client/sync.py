@@ -260,6 +260,10 @@ class Session:
             self._async.rlm(query, context=context, model=model, timeout_s=timeout_s)
         )
 
+    def install(self, *packages: str) -> list[dict[str, str]]:
+        """Install packages into the session; see `AsyncSession.install`."""
+        return self._loop.call(self._async.install(*packages))
+
     def interrupt(self) -> bool:
         """Interrupt the running cell; False when none was running."""
         return self._loop.call(self._async.interrupt())

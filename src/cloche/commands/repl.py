@@ -49,7 +49,9 @@ def add(subparsers: Any) -> None:
     )
     parser.add_argument("--session", default=None, metavar="ID", help="use this session")
     parser.add_argument(
-        "--profile", choices=("lean", "data"), default="lean", help="profile of a new session"
+        "--profile",
+        default="lean",
+        help="profile of a new session: lean, data, or the server's own",
     )
     parser.add_argument("--keep", action="store_true", help="leave a new session open at exit")
     add_connection_options(parser)

@@ -29,7 +29,7 @@ def add(subparsers: Any) -> None:
     )
     parser.add_argument("file", help="the Python file, or - to read stdin")
     parser.add_argument(
-        "--profile", choices=("lean", "data"), default="lean", help="the session's profile"
+        "--profile", default="lean", help="the session's profile: lean, data, or the server's own"
     )
     parser.add_argument(
         "--timeout",

@@ -31,6 +31,7 @@ from .channel import Channel
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _ENVELOPE_BYTES = 2048  # a request without its prompts (id, model, keys), at most
 _MAX_MODEL_CHARS = 200
+_REPLIES = ("llm_reply", "pip_reply")  # ops of the host's answers to requests of a cell
 
 
 class LLMError(Exception):
@@ -121,6 +122,30 @@ class Bridge:
             raise KeyboardInterrupt
         return texts
 
+    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send a request of the main thread (a `%pip install`) and wait for its reply, read
+        as LLM replies are; SIGINT waits meanwhile, and KeyboardInterrupt follows the reply
+        when the host answered it as interrupted."""
+        with self._cond:
+            request_id = self._next_id
+            self._next_id += 1
+            self._owed.add(request_id)
+        self._holding = True
+        try:
+            self._channel.send({**message, "id": request_id})
+            with self._cond:
+                while request_id not in self._replies:
+                    if self._lost:
+                        raise ConnectionError("the host closed the channel")
+                    self._read_or_wait()
+                reply = self._replies.pop(request_id)
+        finally:
+            self._holding = False
+        if self._held or reply.get("interrupted") is True:
+            self._held = False
+            raise KeyboardInterrupt
+        return reply
+
     def _split(self, prompts: list[str], model: str | None) -> list[list[str]]:
         """Prompts in groups that each fit in one frame and one batch."""
         if model is not None and (not isinstance(model, str) or len(model) > _MAX_MODEL_CHARS):
@@ -202,7 +227,7 @@ class Bridge:
             self._lost = True
             return
         request_id = message.get("id")
-        if message.get("op") == "llm_reply" and request_id in self._owed:
+        if message.get("op") in _REPLIES and request_id in self._owed:
             self._owed.discard(request_id)
             self._replies[request_id] = message
 

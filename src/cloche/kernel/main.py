@@ -9,6 +9,7 @@ from __future__ import annotations
 import _sitebuiltins
 import builtins
 import json
+import linecache
 import math
 import os
 import signal
@@ -21,6 +22,7 @@ from .display import as_json, mime_bundle
 from .executor import Executor, format_error
 from .figures import FigureCapture
 from .llm import Bridge
+from .pip import Pip, transform
 
 
 class Kernel:
@@ -34,6 +36,7 @@ class Kernel:
         self.output_limit = 1 << 20
         self.figures = FigureCapture(self._send_display)
         self.llm = Bridge(channel, self.executor.namespace)  # llm_query, once installed
+        self.pip = Pip(self.llm)  # `%pip install`, through the same reader of the channel
         signal.signal(signal.SIGINT, self._on_sigint)
         builtins.display = self.display  # type: ignore[attr-defined]
         # What `site` would add (the kernel runs with -S): exit(), quit(), help().
@@ -79,7 +82,11 @@ class Kernel:
         self.output_limit = output_limit
         self.capture.begin_cell(output_limit)
         started = time.perf_counter()
-        outcome = self.executor.run(code, self._set_in_cell, silent=silent)
+        runnable = transform(code)
+        outcome = self.executor.run(runnable, self._set_in_cell, silent=silent)
+        if runnable is not code and not silent:  # tracebacks show the line as written
+            name = f"<cell-{self.executor.execution_count}>"
+            linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         try:
             self.figures.flush()  # after a preload, this takes over pyplot.show()
         except BaseException:  # noqa: S110  # rendering is best effort

@@ -56,6 +56,9 @@ class Sandbox(abc.ABC):
     def __init__(self, sandbox_id: str, workdir: Path, limits: Limits) -> None:
         self.id = sandbox_id
         self.workdir = workdir  # host path of the session's working directory
+        # Host path of the session's writable site directory (packages installed into the
+        # session), on its kernel's sys.path; None when the backend has none.
+        self.site_dir: Path | None = None
         self.file_owner: tuple[int, int] | None = None  # (uid, gid) for files we put there
         self.limits = limits
         self.process: subprocess.Popen[bytes] | None = None
@@ -65,9 +68,21 @@ class Sandbox(abc.ABC):
         # A checkpoint image to restore instead of starting the kernel afresh (see
         # `checkpoint`): the kernel comes back as it was saved, without a `ready` message.
         self.restore_from: Path | None = None
-        # With restore_from: the saved working directory (see `archive.pack`), laid into the
-        # new working directory before the kernel comes back, so its open files are found.
+        # With restore_from: the saved disk (see `disk`, `archive.pack`), laid out again before
+        # the kernel comes back, so the files it had open are found where they were.
         self.seed: Path | None = None
+
+    @property
+    def disk(self) -> Path:
+        """The host directory holding what the session writes (its working directory, and
+        its site directory where the backend has one): what a checkpoint saves beside its
+        image, and `seed` lays out again."""
+        return self.workdir
+
+    def use_runtime(self, runtime_dir: Path) -> None:
+        """Give the kernel this site-packages as its runtime instead of the server's
+        (--runtime-dir): a profile's own. Before `launch`."""
+        raise NotImplementedError(f"the {type(self).__name__} backend has one runtime only")
 
     @abc.abstractmethod
     def launch(self) -> None:

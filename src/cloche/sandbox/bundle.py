@@ -15,6 +15,9 @@ SANDBOX_GID = 10001
 WORKDIR = "/work"
 KERNEL_MOUNT = "/opt/cloche/cloche/kernel"
 RUNTIME_MOUNT = "/opt/cloche/site-packages"
+# The session's own packages (`%pip install`): writable, on the kernel's sys.path after the
+# runtime's, so that an install can add packages but never replace one the runtime has.
+SITE_MOUNT = "/opt/cloche/session-site"
 
 _ETC = {
     "passwd": (
@@ -40,7 +43,8 @@ class Mount:
 
 def build_rootfs(rootfs: Path, mounts: list[Mount]) -> None:
     """The skeleton root: merged-/usr symlinks, our own /etc, and empty mount points."""
-    for name in ("usr", "etc", "tmp", "proc", "dev", "sys", WORKDIR.strip("/")):
+    fixed = (WORKDIR.strip("/"), RUNTIME_MOUNT[1:], SITE_MOUNT[1:])
+    for name in ("usr", "etc", "tmp", "proc", "dev", "sys", *fixed):
         (rootfs / name).mkdir(parents=True, exist_ok=True)
     for link in ("bin", "lib", "lib64", "sbin"):
         if not (rootfs / link).is_symlink():
@@ -58,6 +62,7 @@ def oci_config(
     args: list[str],
     workdir: Path,
     mounts: list[Mount],
+    site_dir: Path | None = None,
     limits: Limits,
     cgroups_path: str,
     cpu_shares: int = cgroups.STARTING_CPU_SHARES,
@@ -84,6 +89,15 @@ def oci_config(
             "options": ["rbind", "rw", "nosuid", "nodev"],
         },
     ]
+    if site_dir is not None:
+        oci_mounts.append(
+            {
+                "destination": SITE_MOUNT,
+                "type": "bind",
+                "source": str(site_dir),
+                "options": ["rbind", "rw", "nosuid", "nodev"],
+            }
+        )
     resources: dict[str, Any] = {
         "memory": {"limit": limits.cgroup_memory_mib * MIB},
         "pids": {"limit": limits.pids_cgroup},

@@ -27,6 +27,7 @@ from cloche.sandbox.bundle import (
     RUNTIME_MOUNT,
     SANDBOX_GID,
     SANDBOX_UID,
+    SITE_MOUNT,
     Mount,
     build_rootfs,
     oci_config,
@@ -152,15 +153,30 @@ class GVisorSandbox(Sandbox):
     def __init__(self, backend: GVisorBackend, sandbox_id: str, limits: Limits) -> None:
         self.backend = backend
         self.home = backend.state.path / "sandboxes" / sandbox_id
-        super().__init__(sandbox_id, self.home / "work", limits)
+        # One tmpfs of the disk limit holds the working directory and the site directory,
+        # so that installed packages count against the session's disk, as its files do.
+        super().__init__(sandbox_id, self.home / "disk" / "work", limits)
+        self.site_dir: Path = self.disk / "site"
         self.sandbox_pid: int | None = None
         self.frozen = False
         self.file_owner = (SANDBOX_UID, SANDBOX_GID)
         # The sandbox's process: the kernel (a benchmark may run something else).
         self.command = kernel_command(
-            backend.python, str(Path(KERNEL_MOUNT).parent.parent), backend.sys_path
+            backend.python, str(Path(KERNEL_MOUNT).parent.parent), [*backend.sys_path, SITE_MOUNT]
         )
         self._mounted = False
+        self.mounts = backend.mounts
+
+    @property
+    def disk(self) -> Path:
+        return self.home / "disk"
+
+    def use_runtime(self, runtime_dir: Path) -> None:
+        self.mounts = [m for m in self.backend.mounts if m.destination != RUNTIME_MOUNT]
+        self.mounts.append(Mount(runtime_dir.resolve(), RUNTIME_MOUNT))
+        self.command = kernel_command(
+            self.backend.python, str(Path(KERNEL_MOUNT).parent.parent), [RUNTIME_MOUNT, SITE_MOUNT]
+        )
 
     @property
     def runsc(self) -> Runsc:
@@ -176,18 +192,22 @@ class GVisorSandbox(Sandbox):
 
     def _launch(self) -> None:
         backend = self.backend
-        self.workdir.mkdir(parents=True)
-        mounts.mount_tmpfs(self.workdir, self.limits.disk_mib, SANDBOX_UID, SANDBOX_GID)
+        self.disk.mkdir(parents=True)
+        mounts.mount_tmpfs(self.disk, self.limits.disk_mib, SANDBOX_UID, SANDBOX_GID)
         self._mounted = True
-        if self.seed is not None:
-            archive.unpack(self.seed, self.workdir, SANDBOX_UID, SANDBOX_GID)
+        for directory in (self.workdir, self.site_dir):
+            directory.mkdir(mode=0o700)
+            os.chown(directory, SANDBOX_UID, SANDBOX_GID)
+        if self.seed is not None:  # a saved disk: working and site directories
+            archive.unpack(self.seed, self.disk, SANDBOX_UID, SANDBOX_GID)
         bundle = self.home / "bundle"
         bundle.mkdir()
         config = oci_config(
             rootfs=backend.rootfs,
             args=self.command,
             workdir=self.workdir,
-            mounts=backend.mounts,
+            mounts=self.mounts,
+            site_dir=self.site_dir,
             limits=self.limits,
             cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),
             cpu_shares=cgroups.SERVING_CPU_SHARES if self.urgent else cgroups.STARTING_CPU_SHARES,
@@ -266,5 +286,5 @@ class GVisorSandbox(Sandbox):
             self.runsc.delete(self.id)
         cgroups.remove(cgroups.cgroups_path(self.backend.state.instance, self.id))
         if self._mounted:
-            mounts.unmount(self.workdir)
+            mounts.unmount(self.disk)
         shutil.rmtree(self.home, ignore_errors=True)

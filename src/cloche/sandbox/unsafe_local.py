@@ -60,6 +60,11 @@ class UnsafeLocalSandbox(Sandbox):
         self.backend = backend
         self.home = backend.state.path / "sandboxes" / sandbox_id
         super().__init__(sandbox_id, self.home / "work", limits)
+        self.site_dir: Path = self.home / "site"  # not counted against a disk limit: no tmpfs here
+        self.sys_path = backend.sys_path
+
+    def use_runtime(self, runtime_dir: Path) -> None:
+        self.sys_path = [str(runtime_dir.resolve())]
 
     def launch(self) -> None:
         limits = self.limits
@@ -71,9 +76,12 @@ class UnsafeLocalSandbox(Sandbox):
 
         try:
             self.workdir.mkdir(parents=True)
+            self.site_dir.mkdir()
             self.process = subprocess.Popen(
                 kernel_command(
-                    sys.executable, str(KERNEL_PACKAGE_DIR.parent.parent), self.backend.sys_path
+                    sys.executable,
+                    str(KERNEL_PACKAGE_DIR.parent.parent),
+                    [*self.sys_path, str(self.site_dir)],
                 ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -131,6 +131,39 @@ class Metrics:
             buckets=(1, 2, 3, 5, 8, 13, 20, 30, 50),
             registry=self.registry,
         )
+        # `%pip install` and POST /v1/sessions/{id}/packages.
+        self.package_installs = Counter(
+            "cloche_package_installs",
+            "Package installs into sessions, by outcome (ok, refused, error)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.package_install_duration = Histogram(
+            "cloche_package_install_duration_seconds",
+            "Wall time of package installs (resolve, download, unpack)",
+            buckets=_LLM_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.package_wheels = Counter(
+            "cloche_package_wheels",
+            "Wheels installed into sessions, by source (download, cache)",
+            ["source"],
+            registry=self.registry,
+        )
+        self.package_bytes = Counter(
+            "cloche_package_bytes",
+            "Bytes of package files written into sessions' site directories",
+            registry=self.registry,
+        )
+
+    def package_install(
+        self, outcome: str, seconds: float, downloaded: int, cached: int, written_bytes: int
+    ) -> None:
+        self.package_installs.labels(outcome).inc()
+        self.package_install_duration.observe(seconds)
+        self.package_wheels.labels("download").inc(downloaded)
+        self.package_wheels.labels("cache").inc(cached)
+        self.package_bytes.inc(written_bytes)
 
         # Durability: sessions saved to disk and brought back.
         self.pauses = Counter(

@@ -41,10 +41,11 @@ class Checkpoints:
         self.limits = limits
         self.max_frame_bytes = max_frame_bytes
 
-    @property
-    def origin(self) -> str:
-        """What made an image: one made by another runsc or runtime is refused."""
-        return self.backend.image_origin()
+    def origin(self, runtime: Path | None = None) -> str:
+        """What made an image: one made by another runsc or runtime is refused. runtime: a
+        profile's own, mounted instead of the server's."""
+        own = f" profile runtime {runtime.resolve()}" if runtime is not None else ""
+        return self.backend.image_origin() + own
 
     async def save(self, kernel: KernelClient, home: Path) -> int:
         """Checkpoint kernel's sandbox into home (left running), with its working directory;
@@ -64,7 +65,7 @@ class Checkpoints:
                 if "no space" in why.lower():
                     raise OSError(errno.ENOSPC, why)
                 raise CheckpointFailed(f"session could not be saved: {why}")
-            archive.pack(sandbox.workdir, home / WORKDIR_ARCHIVE)
+            archive.pack(sandbox.disk, home / WORKDIR_ARCHIVE)
             return self.store.added(home / IMAGE) + self.store.added(home / WORKDIR_ARCHIVE)
 
         started = time.perf_counter()
@@ -93,24 +94,36 @@ class Checkpoints:
         for path in (home / IMAGE, home / WORKDIR_ARCHIVE):
             self.store.remove(path)
 
-    async def restore(self, home: Path, *, origin: str, reseed: bool) -> KernelClient:
-        """A started kernel from the image in home.
+    async def restore(
+        self,
+        home: Path,
+        *,
+        origin: str,
+        reseed: bool,
+        limits: Limits | None = None,
+        runtime: Path | None = None,
+    ) -> KernelClient:
+        """A started kernel from the image in home, with a profile's limits and runtime.
 
         Raises:
             RestoreRefused: the image was made elsewhere, is damaged, or did not start.
         """
-        if origin != self.origin:
+        here = self.origin(runtime)
+        if origin != here:
             raise RestoreRefused(
                 f"the image was made by {origin or 'an unknown runtime'}, and this server runs "
-                f"{self.origin}: it can't be restored here"
+                f"{here}: it can't be restored here"
             )
         if not (home / IMAGE).is_dir() or not (home / WORKDIR_ARCHIVE).is_file():
             raise RestoreRefused(f"the image in {home} is incomplete")
-        sandbox = self.backend.create(self.limits)
+        limits = limits or self.limits
+        sandbox = self.backend.create(limits)
+        if runtime is not None:
+            sandbox.use_runtime(runtime)
         sandbox.urgent = True
         sandbox.restore_from = home / IMAGE
         sandbox.seed = home / WORKDIR_ARCHIVE
-        kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)
+        kernel = KernelClient(sandbox, limits, self.max_frame_bytes)
         kernel.reseed = reseed
         started = time.perf_counter()
         try:

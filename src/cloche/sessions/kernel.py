@@ -28,6 +28,7 @@ from cloche.sessions.result import CellResult, CellStatus
 
 if TYPE_CHECKING:
     from cloche.llm.bridge import KernelLLM
+    from cloche.packages.bridge import KernelPip
 
 log = logging.getLogger("cloche.kernel")
 
@@ -110,6 +111,7 @@ class KernelClient:
         # A kernel restored from an image reseeds its random numbers first (a copy of a
         # session must not draw the same ones); a paused session resumed goes on exactly.
         self.reseed = True
+        self.pip: KernelPip | None = None  # answers the cells' `%pip install`
 
     @property
     def id(self) -> str:
@@ -211,6 +213,8 @@ class KernelClient:
             cell.timer.cancel()
             if self.llm is not None:
                 self.llm.end(cell)
+            if self.pip is not None:
+                self.pip.end(cell)
             if self._cell is cell:
                 self._cell = None
         return cell.result
@@ -248,6 +252,8 @@ class KernelClient:
         loop.run_in_executor(None, self.sandbox.interrupt)
         if self.llm is not None:  # a call in flight is answered now, so the cell can stop
             self.llm.stop(cell, f"the cell was interrupted ({reason.value})", interrupted=True)
+        if self.pip is not None:
+            self.pip.stop(cell)
 
     def _kill(self, why: str) -> None:
         if self.death is None:
@@ -295,6 +301,13 @@ class KernelClient:
             if cell is None or self.llm is None:
                 raise InvalidMessage("an LLM request outside a cell, or without an LLM backend")
             self.llm.request(cell, message)
+        elif op == "pip":
+            if cell is None:
+                raise InvalidMessage("a pip request outside a cell")
+            if self.pip is None:
+                self.send({"op": "pip_reply", "id": message.get("id"), "error": "no installer"})
+            else:
+                self.pip.request(cell, message)
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")

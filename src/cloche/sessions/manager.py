@@ -12,32 +12,39 @@ import builtins
 import logging
 import os
 import secrets
+import sys
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cloche.config import MIB, ServerConfig
+from cloche.config import MIB, Limits, ServerConfig
 from cloche.errors import (
     ClocheError,
     ForkRefused,
     KernelDied,
+    PackageInstallError,
     RestoreRefused,
+    SandboxStartError,
     SessionLost,
     SessionNotFound,
     SnapshotNotFound,
     TooManyPausedSessions,
     TooManySessions,
+    UnknownProfile,
 )
+from cloche.packages.bridge import KernelPip
+from cloche.packages.installer import Installer
+from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, file_profiles
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import WorkdirFiles
 from cloche.server.metrics import Metrics
 from cloche.sessions.durable import Checkpoints
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.pool import WarmPool
-from cloche.sessions.profiles import DATA, LEAN, get_profile
+from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
@@ -46,6 +53,9 @@ if TYPE_CHECKING:
     from cloche.llm.broker import Broker
 
 log = logging.getLogger("cloche.session")
+
+InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
+PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
 
 def new_session_id() -> str:
@@ -176,6 +186,17 @@ class SessionManager(abc.ABC):
             SessionNotFound: unknown id or another owner's session.
         """
 
+    async def install_packages(
+        self, session_id: str, specs: Sequence[str], owner: str | None = None
+    ) -> InstalledPackages:
+        """Install packages into a session, queued as a cell; [{name, version}] installed.
+
+        Raises:
+            SessionNotFound: unknown id or another owner's session.
+            PackageInstallError: refused or failed; the session is as it was.
+        """
+        raise PackageInstallError(f"{type(self).__name__} can't install packages")
+
     @abc.abstractmethod
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         """Interrupt the running cell; False when none was running. A paused session is
@@ -214,6 +235,7 @@ class LocalSessionManager(SessionManager):
             from cloche.llm.bridge import install_code
 
             llm_setup = install_code(config.llm, config.max_frame_bytes)
+        self._llm_setup = llm_setup
         self.pools = {
             profile.name: WarmPool(
                 backend,
@@ -231,6 +253,18 @@ class LocalSessionManager(SessionManager):
         }
         self.pool = self.pools[LEAN.name]
         self.metrics = Metrics()
+        self.installer = Installer(
+            config.packages, sys.executable, config.runtime_dir, self.metrics
+        )
+        self.catalog: ProfileCatalog | None = None  # profiles from --profiles
+        if config.profiles_file is not None:
+            self.catalog = file_profiles(
+                config.profiles_file,
+                config.limits.memory_mib,
+                self.installer.pip,
+                self.installer.cache,
+                self._profile_ready,
+            )
         if config.llm is not None:
             from cloche.llm.broker import Broker
 
@@ -260,10 +294,57 @@ class LocalSessionManager(SessionManager):
         except BaseException:
             await asyncio.to_thread(self.backend.shutdown)
             raise
+        await asyncio.to_thread(self.installer.prepare)
         for pool in self.pools.values():
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
         self.metrics.watch(self)
+        if self.catalog is not None:
+            self.catalog.start()
+
+    def _profile_ready(self, status: ProfileStatus) -> None:
+        """A profile of the file has its runtime: start its pool."""
+        spec = status.spec
+        assert spec is not None
+        limits = self.limits
+        if spec.memory_mib is not None:
+            limits = replace(limits, memory_mib=spec.memory_mib)
+        profile = Profile(
+            spec.name, preload=spec.preload_code + self._llm_setup, runtime_dir=status.runtime_dir
+        )
+        pool = WarmPool(
+            self.backend,
+            limits,
+            profile,
+            size=spec.pool,
+            max_frame_bytes=self.config.max_frame_bytes,
+            start_concurrency=self.config.start_concurrency,
+        )
+        pool.on_start = self._sandbox_started
+        self.pools[spec.name] = pool
+        if not self._stopped:
+            pool.start()
+
+    async def _pool(self, name: str) -> WarmPool:
+        """The pool of a profile; one of the file waits while it builds (up to a limit)."""
+        if name in self.pools:
+            return self.pools[name]
+        status = None
+        if self.catalog is not None:
+            try:
+                status = await self.catalog.wait(name, PROFILE_WAIT_S)
+            except TimeoutError:
+                raise SandboxStartError(
+                    f"profile {name!r} is still building its runtime; try again shortly "
+                    "(GET /v1/profiles shows its state)"
+                ) from None
+        if status is not None and name not in self.pools:
+            raise UnknownProfile(status.error or f"profile {name!r} can't serve")
+        return self.pools.get(name) or self.pools[get_profile(name).name]
+
+    def profiles(self) -> list[dict[str, Any]]:
+        """Every profile with its state and packages (blocking: reads runtimes' listings)."""
+        return describe(self.catalog, self.config.runtime_dir)
 
     def _load(self) -> None:
         """Take over what a previous server left in the data directory (blocking)."""
@@ -306,7 +387,7 @@ class LocalSessionManager(SessionManager):
         return (await self._create(owner, profile)).info()
 
     async def _create(self, owner: str | None, profile: str = "lean") -> Session:
-        pool = self.pools[get_profile(profile).name]
+        pool = await self._pool(profile)
         await self._room_for(1)
         self._creating += 1
         try:
@@ -329,7 +410,7 @@ class LocalSessionManager(SessionManager):
             execution_count=execution_count,
         )
         session.waker = self._wake
-        self._give_llm(session, kernel)
+        self._equip(session, kernel)
         self._sessions[session.id] = session
         self.store.save(self._record(session, RecordState.LIVE))
         self.created += 1
@@ -358,11 +439,20 @@ class LocalSessionManager(SessionManager):
         session.waker = self._wake
         return session
 
-    def _give_llm(self, session: Session, kernel: KernelClient) -> None:
+    def _equip(self, session: Session, kernel: KernelClient) -> None:
+        """Give a session's kernel what its cells reach through the channel: the LLM broker
+        and package installs."""
         if self.llm is not None:
             from cloche.llm.bridge import KernelLLM
 
             kernel.llm = KernelLLM(self.llm, self.llm.budget(session.id), kernel)
+        packages = self.installer.for_session(kernel.sandbox, self._runtime_of(session.profile))
+        kernel.pip = KernelPip(packages, kernel)
+
+    def _runtime_of(self, profile: str) -> Path | None:
+        """The runtime a profile's sandboxes mount instead of the server's, if any."""
+        pool = self.pools.get(profile)
+        return pool.profile.runtime_dir if pool is not None else None
 
     def _record(self, session: Session, state: RecordState, origin: str = "") -> SessionRecord:
         info = session.info()
@@ -464,6 +554,18 @@ class LocalSessionManager(SessionManager):
             self._forget(session, "killed")
         return result
 
+    async def install_packages(
+        self, session_id: str, specs: Sequence[str], owner: str | None = None
+    ) -> InstalledPackages:
+        session = self._find(session_id, owner)
+        await session.wake()
+        pip = session.kernel.pip if session.kernel is not None else None
+        if pip is None:  # closed while it was being woken
+            raise SessionNotFound(session_id)
+        return await pip.install_through_cell(
+            list(specs), lambda code: self.execute(session_id, code, owner=owner, silent=True)
+        )
+
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         session = self._find(session_id, owner)
         await session.wake()
@@ -507,7 +609,9 @@ class LocalSessionManager(SessionManager):
             started = time.perf_counter()
             home = self.store.session_dir(session.id)
             size = await self.checkpoints.save(session.kernel, home)
-            self.store.save(self._record(session, RecordState.PAUSED, self.checkpoints.origin))
+            self.store.save(
+                self._record(session, RecordState.PAUSED, self._origin_of(session.profile))
+            )
             kernel = session.detach()
             assert kernel is not None
             self._in_background(self._close_kernel(kernel, "paused"))
@@ -535,7 +639,10 @@ class LocalSessionManager(SessionManager):
         self._creating += 1
         try:
             record = await asyncio.to_thread(self._session_record, session.id)
-            kernel = await self.checkpoints.restore(home, origin=record.origin, reseed=False)
+            limits, runtime = await self._setup_of(session.profile)
+            kernel = await self.checkpoints.restore(
+                home, origin=record.origin, reseed=False, limits=limits, runtime=runtime
+            )
         except RestoreRefused as exc:
             self.metrics.resumes.labels("failed").inc()
             why = f"because it could not be resumed: {exc}"
@@ -547,7 +654,7 @@ class LocalSessionManager(SessionManager):
             raise SessionLost(session.id, why) from exc
         finally:
             self._creating -= 1
-        self._give_llm(session, kernel)
+        self._equip(session, kernel)
         session.attach(kernel)
         self.store.save(self._record(session, RecordState.LIVE))
         await asyncio.to_thread(self.checkpoints.discard, home)
@@ -587,7 +694,7 @@ class LocalSessionManager(SessionManager):
             else:
                 assert session.kernel is not None
                 size = await self.checkpoints.save(session.kernel, home)
-                origin = self.checkpoints.origin
+                origin = self._origin_of(session.profile)
             record = SnapshotRecord(
                 id=snapshot_id,
                 session_id=session.id,
@@ -637,18 +744,39 @@ class LocalSessionManager(SessionManager):
         record = self.get_snapshot(snapshot_id, owner)
         await self._room_for(1)
         started = time.perf_counter()
-        kernel = await self._restore(self.store.snapshot_dir(snapshot_id), record.origin)
+        kernel = await self._restore(
+            self.store.snapshot_dir(snapshot_id), record.origin, record.profile
+        )
         self.metrics.restore_time.labels("snapshot").observe(time.perf_counter() - started)
         return self._adopt(kernel, record.owner_key, record.profile, record.execution_count)
 
-    async def _restore(self, home: Path, origin: str) -> KernelClient:
-        """A kernel restored (reseeded) from an image, counted as being created."""
+    async def _restore(self, home: Path, origin: str, profile: str) -> KernelClient:
+        """A kernel of profile restored (reseeded) from an image, counted as being created."""
         self._creating += 1
         try:
+            limits, runtime = await self._setup_of(profile)
             async with self._restores:
-                return await self.checkpoints.restore(home, origin=origin, reseed=True)
+                return await self.checkpoints.restore(
+                    home, origin=origin, reseed=True, limits=limits, runtime=runtime
+                )
         finally:
             self._creating -= 1
+
+    def _origin_of(self, profile: str) -> str:
+        return self.checkpoints.origin(self._runtime_of(profile))
+
+    async def _setup_of(self, profile: str) -> tuple[Limits, Path | None]:
+        """The limits and runtime of a profile's sandboxes (one of the file waits for its
+        runtime to be built).
+
+        Raises:
+            RestoreRefused: the profile is not served here (any more).
+        """
+        try:
+            pool = await self._pool(profile)
+        except (UnknownProfile, SandboxStartError) as exc:
+            raise RestoreRefused(f"the image is of profile {profile!r}: {exc}") from exc
+        return pool.limits, pool.profile.runtime_dir
 
     async def fork(
         self, session_id: str, count: int = 1, owner: str | None = None
@@ -660,7 +788,7 @@ class LocalSessionManager(SessionManager):
             )
         await self._room_for(count)
         home = self.store.root / "forks" / new_session_id()
-        origin = self.checkpoints.origin
+        origin = self._origin_of(session.profile)
 
         async def save(session: Session) -> None:
             nonlocal origin
@@ -684,7 +812,8 @@ class LocalSessionManager(SessionManager):
                 raise SessionNotFound(session_id) from exc
             started = time.perf_counter()
             kernels = await asyncio.gather(
-                *(self._restore(home, origin) for _ in range(count)), return_exceptions=True
+                *(self._restore(home, origin, session.profile) for _ in range(count)),
+                return_exceptions=True,
             )
             for kernel in kernels:
                 if isinstance(kernel, KernelClient):
@@ -792,6 +921,8 @@ class LocalSessionManager(SessionManager):
         """Pause every live session to disk (a few at a time; running cells interrupted
         first), then free every sandbox. A session that can't be saved is closed."""
         self._stopped = True
+        if self.catalog is not None:
+            await self.catalog.stop()
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)

@@ -161,6 +161,8 @@ class WarmPool:
             SandboxStartError: it did not start.
         """
         sandbox = self.backend.create(self.limits)
+        if self.profile.runtime_dir is not None:  # a profile from --profiles: its own runtime
+            sandbox.use_runtime(self.profile.runtime_dir)
         sandbox.urgent = urgent
         sandbox.restore_from = image
         kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)

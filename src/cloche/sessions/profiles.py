@@ -10,6 +10,7 @@ than starting and importing again (measured for `data`: ~0.9 s against ~5.5 s).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from cloche.errors import UnknownProfile
 
@@ -21,6 +22,7 @@ class Profile:
     name: str
     preload: str = ""
     template: bool = False  # refill the pool from a checkpoint of one started sandbox
+    runtime_dir: Path | None = None  # its own site-packages (a profile from --profiles)
 
 
 LEAN = Profile("lean")

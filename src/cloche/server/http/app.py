@@ -13,7 +13,16 @@ from fastapi.responses import JSONResponse, Response
 
 from cloche import __version__
 from cloche.config import MIB, ServerConfig
-from cloche.server.http import chat, context, errors, sessions, snapshots, terrarium
+from cloche.server.http import (
+    chat,
+    context,
+    errors,
+    packages,
+    profiles,
+    sessions,
+    snapshots,
+    terrarium,
+)
 from cloche.server.http.limits import BodyLimit
 from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics
@@ -38,6 +47,8 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     app.include_router(sessions.router)
     app.include_router(snapshots.router)
     app.include_router(context.router)
+    app.include_router(packages.router)
+    app.include_router(profiles.router)
     app.include_router(chat.router)
 
     @app.get("/health", summary="200 while sandboxes can be served, else 503")

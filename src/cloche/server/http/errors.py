@@ -17,6 +17,7 @@ from cloche.errors import (
     LLMBudgetExceeded,
     LLMError,
     LLMUnavailable,
+    PackageInstallError,
     PathNotFound,
     PathRefused,
     RestoreRefused,
@@ -55,6 +56,7 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (LLMUnavailable, 404, "llm_unavailable"),
     (LLMBudgetExceeded, 429, "llm_budget"),
     (LLMError, 502, "llm_error"),
+    (PackageInstallError, 422, "package_install"),
 )
 
 

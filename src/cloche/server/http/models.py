@@ -50,8 +50,12 @@ class TerrariumResponse(BaseModel):
 
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    profile: Literal["lean", "data"] = Field(
-        default="lean", description="lean: nothing preloaded; data: numpy, pandas, ... imported"
+    profile: str = Field(
+        default="lean",
+        max_length=32,
+        pattern=r"^[a-z0-9][a-z0-9_-]*$",
+        description="lean: nothing preloaded; data: numpy, pandas, ... imported; or a profile "
+        "of the server's --profiles file (GET /v1/profiles)",
     )
     timeout: float | None = Field(
         default=None,

@@ -15,7 +15,7 @@ import binascii
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -260,10 +260,12 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
     async def create_session(
         ctx: Context,
         profile: Annotated[
-            Literal["lean", "data"],
+            str,
             Field(
                 description="lean: nothing preloaded; data: numpy, pandas, matplotlib, "
-                "scipy and sympy preloaded, so importing them is instant"
+                "scipy and sympy preloaded, so importing them is instant; or a profile "
+                "the server defines (its --profiles file)",
+                max_length=32,
             ),
         ] = "lean",
         snapshot: Annotated[
@@ -273,7 +275,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
     ) -> CallToolResult:
         with _as_tool_errors():
             session = await scope.client(ctx).create_session(profile, snapshot=snapshot)
-        profile = session.info.profile  # type: ignore[assignment]  # a snapshot's own
+        profile = session.info.profile  # a snapshot's own
         return CallToolResult(
             content=[
                 TextContent(
