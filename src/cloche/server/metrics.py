@@ -156,15 +156,6 @@ class Metrics:
             registry=self.registry,
         )
 
-    def package_install(
-        self, outcome: str, seconds: float, downloaded: int, cached: int, written_bytes: int
-    ) -> None:
-        self.package_installs.labels(outcome).inc()
-        self.package_install_duration.observe(seconds)
-        self.package_wheels.labels("download").inc(downloaded)
-        self.package_wheels.labels("cache").inc(cached)
-        self.package_bytes.inc(written_bytes)
-
         # Durability: sessions saved to disk and brought back.
         self.pauses = Counter(
             "cloche_session_pauses",
@@ -193,6 +184,15 @@ class Metrics:
             buckets=_START_BUCKETS_S,
             registry=self.registry,
         )
+
+    def package_install(
+        self, outcome: str, seconds: float, downloaded: int, cached: int, written_bytes: int
+    ) -> None:
+        self.package_installs.labels(outcome).inc()
+        self.package_install_duration.observe(seconds)
+        self.package_wheels.labels("download").inc(downloaded)
+        self.package_wheels.labels("cache").inc(cached)
+        self.package_bytes.inc(written_bytes)
 
     def watch(self, manager: LocalSessionManager) -> None:
         """Report the manager's live state (sessions, pools) at each scrape."""
