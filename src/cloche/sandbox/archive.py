@@ -42,6 +42,10 @@ def unpack(archive: Path, directory: Path, uid: int, gid: int) -> None:
             # An entry written through it here is still refused: data_filter resolves
             # every entry's own path.
             kept = member
+        except tarfile.SpecialFileError:
+            if not member.isfifo():  # a named pipe is harmless; devices are refused
+                raise
+            kept = tarfile.tar_filter(member, dest)
         return kept.replace(uid=uid, gid=gid, uname="", gname="", deep=False)
 
     with tarfile.open(archive, mode="r:") as tar:

@@ -1,0 +1,92 @@
+"""A session's disk saved beside its checkpoint: what comes back, and what is refused."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from cloche.sandbox import archive
+
+
+def test_files_links_and_fifos_come_back_owned_by_the_sandbox(tmp_path):
+    source = tmp_path / "disk"
+    (source / "work" / "sub").mkdir(parents=True)
+    (source / "work" / "sub" / "data.csv").write_text("a,b\n")
+    (source / "work" / "run.sh").write_text("#!/bin/sh\n")
+    (source / "work" / "run.sh").chmod(0o755)
+    os.symlink("/etc/hostname", source / "work" / "inside-the-sandbox")
+    os.symlink("sub/data.csv", source / "work" / "relative")
+    os.mkfifo(source / "work" / "pipe")
+    saved = tmp_path / "disk.tar"
+    assert archive.pack(source, saved) == saved.stat().st_size
+    assert saved.stat().st_mode & 0o777 == 0o600
+
+    target = tmp_path / "again"
+    target.mkdir()
+    archive.unpack(saved, target, 10001, 10001)
+    work = target / "work"
+    assert (work / "sub" / "data.csv").read_text() == "a,b\n"
+    assert os.access(work / "run.sh", os.X_OK)
+    assert (
+        os.readlink(work / "inside-the-sandbox") == "/etc/hostname"
+    )  # a link, not the host's file
+    assert (work / "relative").read_text() == "a,b\n"
+    assert (work / "pipe").is_fifo()
+    for path in [work, *work.rglob("*")]:
+        assert os.lstat(path).st_uid == 10001 and os.lstat(path).st_gid == 10001, path
+
+
+def _tar(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
+    path = tmp_path / "evil.tar"
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+    return path
+
+
+def _file(name: str) -> tarfile.TarInfo:
+    return tarfile.TarInfo(name)
+
+
+def _link(name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    return info
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [(_file("../escaped"), b"x")],
+        [(_link("out", str(Path("/").resolve())), b""), (_file("out/escaped-through-link"), b"x")],
+    ],
+    ids=["dotdot", "through-a-symlink"],
+)
+def test_entries_that_would_land_outside_are_refused(tmp_path, members):
+    target = tmp_path / "target"
+    target.mkdir()
+    evil = _tar(tmp_path, *members)
+    before = set(tmp_path.parent.iterdir())
+    with pytest.raises(tarfile.TarError):
+        archive.unpack(evil, target, 10001, 10001)
+    assert set(tmp_path.parent.iterdir()) == before
+    assert not (tmp_path / "escaped").exists()
+    assert not Path("/escaped-through-link").exists()
+
+
+def test_absolute_names_land_inside_and_devices_are_refused(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    archive.unpack(_tar(tmp_path, (_file("/etc/cloche-test-absolute"), b"x")), target, 1, 1)
+    assert (target / "etc" / "cloche-test-absolute").read_bytes() == b"x"
+    assert not Path("/etc/cloche-test-absolute").exists()
+    device = tarfile.TarInfo("null")
+    device.type, device.devmajor, device.devminor = tarfile.CHRTYPE, 1, 3
+    with pytest.raises(tarfile.TarError):
+        archive.unpack(_tar(tmp_path, (device, b"")), target, 1, 1)
+    assert not (target / "null").exists()
