@@ -388,3 +388,27 @@ def test_at_the_maximum_the_least_recently_used_idle_session_is_paused_for_room(
         assert tcp.run("me", first)["output"] == "'first'\n"  # resumed; second paused now
         assert manager._sessions[second].paused
         assert manager.metrics.pauses.labels("room")._value.get() == 2
+
+
+def test_a_paused_session_still_expires_and_its_image_is_deleted(make_server):
+    from cloche.config import Limits
+
+    quick = make_server(
+        pool_size=1,
+        limits=Limits(pause_idle_s=0.3, idle_timeout_s=3.0, cell_timeout_s=20.0),
+    )
+    manager = quick.server.manager
+    with quick.client() as tcp:
+        sid = tcp.run("x = 1")["session_id"]
+        home = manager.store.session_dir(sid)
+        deadline = time.monotonic() + 60
+        while not (home / "image").exists():  # paused first
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        while manager.closed_by_reason["idle"] < 1:  # then closed by its idle timeout
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert tcp.run("x", sid) == {"status": "error", "error": f"Session {sid} not found"}
+        while home.exists():  # deleted in the background
+            assert time.monotonic() < deadline
+            time.sleep(0.05)

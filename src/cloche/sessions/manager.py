@@ -274,7 +274,9 @@ class LocalSessionManager(SessionManager):
         self.store = Store(config.data_dir, config.data_max_mib * MIB)
         self.checkpoints = Checkpoints(self.store, backend, config.limits, config.max_frame_bytes)
         self._sessions: dict[str, Session] = {}
-        self._lost: dict[str, tuple[str | None, str]] = {}  # id -> (owner key, why)
+        # Sessions gone for good, told as lost until their lifetime ends: id -> (owner key,
+        # why, unix time of their creation)
+        self._lost: dict[str, tuple[str | None, str, float]] = {}
         self._snapshots: dict[str, SnapshotRecord] = {}
         self._creating = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -358,7 +360,11 @@ class LocalSessionManager(SessionManager):
                 record = replace(record, state=RecordState.LOST)
                 self.store.save(record)
                 self.checkpoints.discard(self.store.session_dir(record.id))
-            self._lost[record.id] = (record.owner_key, "when the server stopped unexpectedly")
+            self._lost[record.id] = (
+                record.owner_key,
+                "when the server stopped unexpectedly",
+                record.created_at,
+            )
         log.info(
             "data dir %s: %d paused sessions, %d lost, %d snapshots",
             self.store.root,
@@ -647,7 +653,7 @@ class LocalSessionManager(SessionManager):
             self.metrics.resumes.labels("failed").inc()
             why = f"because it could not be resumed: {exc}"
             log.error("session broken id=%s: %s", session.id, exc)
-            self._lost[session.id] = (session.owner_key, why)
+            self._lost[session.id] = (session.owner_key, why, session.created_at)
             self._remove(session, "broken")
             session.state = SessionState.CLOSED
             await asyncio.to_thread(self._bury, session)
@@ -916,6 +922,11 @@ class LocalSessionManager(SessionManager):
                     and session.id not in self._pausing
                 ):
                     self._page_out(session)
+            for session_id, (_, _, created_at) in list(self._lost.items()):
+                if wall - created_at > limits.lifetime_s:  # no longer worth telling
+                    del self._lost[session_id]
+                    home = self.store.session_dir(session_id)
+                    self._in_background(asyncio.to_thread(self.store.remove, home))
 
     async def stop(self) -> None:
         """Pause every live session to disk (a few at a time; running cells interrupted
