@@ -146,8 +146,21 @@ install_runtime() {
     fi
 }
 
+# The container image's tests (tests/deploy, marker docker) need a Docker engine; they start
+# dockerd themselves when none runs. Debian's docker.io is the engine they were measured with.
+install_docker() {
+    command -v dockerd >/dev/null && return 0
+    if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
+        say "no dockerd: the docker tests will fail (install Docker, or deselect: -m 'not docker')"
+        return 0
+    fi
+    say "installing docker.io (for the container image tests)"
+    apt_install --no-install-recommends docker.io
+}
+
 main() {
     install_runsc || say "continuing without runsc: only --backend unsafe-local will work"
+    [ "$dev" = 1 ] && install_docker
     local py
     py=$(pick_python)
     install_venv "$py"

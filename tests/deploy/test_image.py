@@ -10,6 +10,7 @@ import json
 import pytest
 
 from cloche.client.tcp import TCPClient
+from support import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -86,3 +87,16 @@ def test_docker_stop_shuts_it_down_cleanly_with_cloche_settings_from_env(run_con
     messages = [line["message"] for line in lines]
     assert "shutting down" in messages
     assert messages[-1] == "stopped"
+
+
+def test_the_shipped_seccomp_profile_replaces_unconfined(run_container) -> None:
+    profile = REPO / "deploy" / "seccomp.json"
+    container = run_container(
+        "--cap-add",
+        "SYS_ADMIN",
+        "--security-opt",
+        f"seccomp={profile}",
+        env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
+    ).ready()
+    answer = container.post("/", {"code": "import os; print(os.getpid())"})
+    assert answer["success"] is True, answer
