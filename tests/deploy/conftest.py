@@ -71,7 +71,9 @@ class Daemon:
 
 
 def build_image(tag: str = IMAGE) -> None:
-    """scripts/image.sh: the base image only when missing, then the (layer-cached) build."""
+    """scripts/image.sh: the base image only when missing, then the (layer-cached) build.
+    The image it replaces is removed, so that runs don't pile up images."""
+    before = docker("image", "inspect", "--format", "{{.Id}}", tag, check=False)
     done = subprocess.run(
         [str(REPO / "scripts" / "image.sh"), tag],
         capture_output=True,
@@ -81,6 +83,9 @@ def build_image(tag: str = IMAGE) -> None:
     )
     if done.returncode != 0:
         raise RuntimeError(f"scripts/image.sh failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    after = docker("image", "inspect", "--format", "{{.Id}}", tag)
+    if before.startswith("sha256:") and before != after:
+        docker("image", "rm", before, check=False)  # fails harmlessly while a container uses it
 
 
 class Container:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from cloche.client.tcp import TCPClient
 from support import REPO
@@ -100,3 +101,24 @@ def test_the_shipped_seccomp_profile_replaces_unconfined(run_container) -> None:
     ).ready()
     answer = container.post("/", {"code": "import os; print(os.getpid())"})
     assert answer["success"] is True, answer
+
+
+def test_the_kubernetes_security_context_is_enough(run_container) -> None:
+    """The StatefulSet's securityContext, as docker flags: its capabilities only, no new
+    privileges, a read-only root with /run and /tmp writable, the shipped seccomp profile."""
+    manifest = yaml.safe_load((REPO / "deploy" / "kubernetes" / "statefulset.yaml").read_text())
+    context = manifest["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    flags = ["--cap-drop", "ALL"]
+    for capability in context["capabilities"]["add"]:
+        flags += ["--cap-add", capability]
+    if context["allowPrivilegeEscalation"] is False:
+        flags += ["--security-opt", "no-new-privileges"]
+    if context["readOnlyRootFilesystem"]:
+        flags += ["--read-only", "--tmpfs", "/run:exec", "--tmpfs", "/tmp"]
+    flags += ["--security-opt", f"seccomp={REPO / 'deploy' / 'seccomp.json'}"]
+    container = run_container(
+        *flags, env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"}
+    ).ready()
+    with TCPClient("127.0.0.1", container.tcp_port) as client:
+        sid = client.run("x = 20")["session_id"]
+        assert client.run("x * 2 + 2", sid)["output"] == "42\n"
