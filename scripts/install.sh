@@ -14,8 +14,15 @@ say() { printf '[install] %s\n' "$*" >&2; }
 # the fix for CVE-2023-7258 that Debian ships (bookworm-backports).
 MIN_RUNSC_DATE=20240729
 
+# The build date (YYYYMMDD) in `runsc --version`'s first line, read on stdin: Debian's
+# "runsc version 0.0~20240729.0" and gVisor's own "runsc version release-20240729.0".
+parse_runsc_date() {
+    awk '/^runsc version /{n = split($3, part, /[^0-9]+/)
+        for (i = 1; i <= n; i++) if (length(part[i]) == 8) { print part[i]; exit } }'
+}
+
 runsc_date() {
-    runsc --version 2>/dev/null | sed -n 's/^runsc version [^0-9]*\([0-9]\{8\}\).*/\1/p' | head -n1
+    runsc --version 2>/dev/null | parse_runsc_date
 }
 
 apt_updated=0
@@ -76,7 +83,9 @@ install_runsc() {
     fi
     have=$(runsc_date || true)
     say "runsc ${have:-?} installed"
-    if [ -z "$have" ] || [ "$have" -lt "$MIN_RUNSC_DATE" ]; then
+    if [ -z "$have" ]; then
+        say "warning: can't read the date in \`runsc --version\`: $(runsc --version 2>&1 | head -n1)"
+    elif [ "$have" -lt "$MIN_RUNSC_DATE" ]; then
         say "warning: runsc $have is older than $MIN_RUNSC_DATE (no systrap, no CVE-2023-7258 fix)"
     fi
 }
@@ -137,12 +146,28 @@ install_runtime() {
     fi
 }
 
+# The container image's tests (tests/deploy, marker docker) need a Docker engine; they start
+# dockerd themselves when none runs. Debian's docker.io is the engine they were measured with.
+install_docker() {
+    command -v dockerd >/dev/null && return 0
+    if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
+        say "no dockerd: the docker tests will fail (install Docker, or deselect: -m 'not docker')"
+        return 0
+    fi
+    say "installing docker.io (for the container image tests)"
+    apt_install --no-install-recommends docker.io
+}
+
 main() {
     install_runsc || say "continuing without runsc: only --backend unsafe-local will work"
+    [ "$dev" = 1 ] && install_docker
     local py
     py=$(pick_python)
     install_venv "$py"
     install_runtime
 }
 
-main
+# Sourced (by the tests, to call one function), it only defines the functions.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main
+fi

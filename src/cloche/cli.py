@@ -17,6 +17,7 @@ from typing import Any
 from cloche.commands import add_commands
 from cloche.config import Limits, LLMConfig, PackageConfig, ServerConfig, default_state_dir
 from cloche.errors import ConfigError
+from cloche.server.logs import LOG_FORMATS, make_formatter
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,13 @@ SERVE_OPTIONS = (
         "REPL output shown to the RLM's root model per code block, characters",
     ),
     _Option("--log-level", str, "info", "log level", ("debug", "info", "warning", "error")),
+    _Option(
+        "--log-format",
+        str,
+        "logfmt",
+        "log lines as text with key=value pairs (logfmt), or one JSON object per line (json)",
+        LOG_FORMATS,
+    ),
 )
 
 
@@ -418,7 +426,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Log lines are formatted and written by a thread of their own: a line per cell is a
     # write(2) and ~0.1 ms of formatting, which the event loop shouldn't spend between cells.
     output = logging.StreamHandler(sys.stderr)
-    output.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    output.setFormatter(make_formatter(args.log_format))
     lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     writer = logging.handlers.QueueListener(lines, output)
     logging.basicConfig(level=args.log_level.upper(), handlers=[_Handoff(lines)])

@@ -25,6 +25,23 @@ def _hierarchies() -> list[Path]:
     return roots
 
 
+def writable() -> bool:
+    """True when this process may make cgroups (in every hierarchy). False in a container
+    whose /sys/fs/cgroup is mounted read-only, Docker's default: then runsc must run its
+    sandboxes without cgroups, and what only cgroups enforce is not enforced."""
+    return all(os.access(root, os.W_OK) for root in _hierarchies())
+
+
+# What cloche enforces only through cgroups, for the start-up warning when there are none.
+CGROUP_ONLY_LIMITS = (
+    "memory backstop of each sandbox (--memory-mib stays enforced as RLIMIT_AS)",
+    "--cpu-quota",
+    "pids backstop (--nproc stays enforced as RLIMIT_NPROC)",
+    "CPU priority of sessions over pool refills",
+    "--freeze-idle (idle sessions keep their CPU)",
+)
+
+
 def remove(relative: str) -> None:
     """rmdir the cgroup at relative (and its children) in every hierarchy, if empty."""
     relative = relative.strip("/")

@@ -45,6 +45,7 @@ class GVisorBackend(Backend):
     def __init__(self, config: ServerConfig) -> None:
         super().__init__(config)
         self.runsc: Runsc | None = None
+        self.cgroups = True  # whether sandboxes get cgroups (found out by prepare)
         python_prefix = Path(sys.base_prefix).resolve()
         self.python = str(
             Path(sys.base_exec_prefix)
@@ -70,6 +71,15 @@ class GVisorBackend(Backend):
                 "cloche serve as root, or use --backend unsafe-local, which is NOT isolated"
             )
         self.runsc = Runsc.find(self.config.state_dir / "runsc")
+        self.cgroups = cgroups.writable()
+        if not self.cgroups:
+            log.warning(
+                "no writable cgroups (/sys/fs/cgroup is read-only): sandboxes run without "
+                "them, so these limits are NOT enforced: %s. In a container, mount "
+                "/sys/fs/cgroup read-write to have them",
+                "; ".join(cgroups.CGROUP_ONLY_LIMITS),
+            )
+        self.runsc.ignore_cgroups = not self.cgroups
         super().prepare()
         # Empty cgroups of servers that died with their state elsewhere (rmdir can only
         # remove empty ones: live sandboxes keep theirs).
@@ -237,7 +247,7 @@ class GVisorSandbox(Sandbox):
         return text[-2000:]
 
     def freeze(self) -> bool:
-        self.frozen = cgroups.set_frozen(self._cgroup, True)
+        self.frozen = self.backend.cgroups and cgroups.set_frozen(self._cgroup, True)
         return self.frozen
 
     def thaw(self) -> None:
@@ -270,7 +280,7 @@ class GVisorSandbox(Sandbox):
 
     def serving(self) -> None:
         path = cgroups.cgroups_path(self.backend.state.instance, self.id)
-        if not cgroups.set_cpu_shares(path, cgroups.SERVING_CPU_SHARES):
+        if self.backend.cgroups and not cgroups.set_cpu_shares(path, cgroups.SERVING_CPU_SHARES):
             log.warning("sandbox %s: no CPU weight to raise in cgroup %s", self.id, path)
 
     def kill(self) -> None:

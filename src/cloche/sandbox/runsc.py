@@ -26,6 +26,7 @@ class Runsc:
         self.binary = binary
         self.root = root
         self.platform = platform
+        self.ignore_cgroups = False  # sandboxes without cgroups (and their limits)
 
     @classmethod
     def find(cls, root: Path) -> Runsc:
@@ -66,6 +67,8 @@ class Runsc:
         ]
         if "overlay2" in self.flags:
             args.append("--overlay2=none")  # writes go to the mounts we chose, nowhere else
+        if self.ignore_cgroups:
+            args.append("--ignore-cgroups")  # no writable cgroups (a container's default)
         return args
 
     def run_args(self, bundle: Path, sandbox_id: str, image: Path | None = None) -> list[str]:

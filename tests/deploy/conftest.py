@@ -1,0 +1,217 @@
+"""Docker for the image tests: a daemon (started here when none runs), the image, containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import REPO
+
+IMAGE = "cloche:test"
+# The documented minimum for runsc (root mode) inside a container.
+RUN_FLAGS = ("--cap-add", "SYS_ADMIN", "--security-opt", "seccomp=unconfined")
+
+
+def docker(*args: str, timeout_s: float = 120.0, check: bool = True) -> str:
+    done = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def daemon_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    done = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
+    return done.returncode == 0
+
+
+class Daemon:
+    """dockerd, started by this object only when none answers (and stopped by it then)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def ensure(self) -> None:
+        if daemon_answers():
+            return
+        if os.geteuid() != 0 or shutil.which("dockerd") is None:
+            message = "no Docker daemon, and dockerd can't be started here (install docker.io)"
+            if os.environ.get("CLOCHE_TEST_ALLOW_NO_DOCKER") == "1":
+                pytest.skip(message)
+            pytest.fail(message)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(["dockerd"], stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not daemon_answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail("dockerd did not start:\n" + self.log_path.read_text()[-2000:])
+            time.sleep(0.5)  # polling for the daemon, with a deadline
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # dockerd stops its containers and exits
+            self.process.wait(60)
+        self.process = None
+
+
+def build_image(tag: str = IMAGE) -> None:
+    """scripts/image.sh: the base image only when missing, then the (layer-cached) build.
+    The image it replaces is removed, so that runs don't pile up images."""
+    before = docker("image", "inspect", "--format", "{{.Id}}", tag, check=False)
+    done = subprocess.run(
+        [str(REPO / "scripts" / "image.sh"), tag],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"scripts/image.sh failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    after = docker("image", "inspect", "--format", "{{.Id}}", tag)
+    if before.startswith("sha256:") and before != after:
+        docker("image", "rm", before, check=False)  # fails harmlessly while a container uses it
+
+
+class Container:
+    """One `docker run -d` of the image on free host ports, removed by remove()."""
+
+    def __init__(
+        self,
+        *flags: str,
+        env: dict[str, str] | None = None,
+        volume: str | None = None,
+        image: str = IMAGE,
+        command: tuple[str, ...] = (),
+    ) -> None:
+        self.name = f"cloche-test-{uuid.uuid4().hex[:8]}"
+        self.volume = volume
+        args = ["run", "-d", "--name", self.name, *flags]
+        args += ["-p", "127.0.0.1::8000", "-p", "127.0.0.1::8080"]
+        for key, value in (env or {}).items():
+            args += ["-e", f"{key}={value}"]
+        if volume is not None:
+            args += ["-v", f"{volume}:/var/lib/cloche"]
+        docker(*args, image, *command)
+        self.tcp_port = self.http_port = 0
+
+    def ready(self, timeout_s: float = 120.0) -> Container:
+        """Wait until /health answers 200 (ports are read anew: a restart may change them)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.inspect()["State"]
+            if not state["Running"]:
+                raise RuntimeError(f"container exited {state['ExitCode']}:\n{self.logs()}")
+            ports = self.inspect()["NetworkSettings"]["Ports"] or {}
+            if ports.get("8000/tcp") and ports.get("8080/tcp"):
+                self.tcp_port = int(ports["8000/tcp"][0]["HostPort"])
+                self.http_port = int(ports["8080/tcp"][0]["HostPort"])
+                try:
+                    if self.get("/health")[0] == 200:
+                        return self
+                except (OSError, urllib.error.URLError):
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not healthy within {timeout_s} s:\n{self.logs()}")
+            time.sleep(0.5)  # polling for /health, with a deadline
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.http_port}{path}"
+
+    def get(self, path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(self.url(path), timeout=30) as response:  # noqa: S310
+            return response.status, response.read().decode()
+
+    def post(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        request = urllib.request.Request(  # noqa: S310  # our own test URL
+            self.url(path),
+            data=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310
+            answer: dict[str, object] = json.loads(response.read())
+            return answer
+
+    def inspect(self) -> dict[str, object]:
+        found: list[dict[str, object]] = json.loads(docker("inspect", self.name))
+        return found[0]
+
+    def logs(self) -> str:
+        done = subprocess.run(
+            ["docker", "logs", self.name], capture_output=True, text=True, timeout=60, check=False
+        )
+        return done.stdout + done.stderr
+
+    def stop(self, timeout_s: int = 60) -> int:
+        """`docker stop` (SIGTERM, then SIGKILL after timeout_s); the exit code."""
+        docker("stop", "--time", str(timeout_s), self.name, timeout_s=timeout_s + 60)
+        return int(docker("inspect", "--format", "{{.State.ExitCode}}", self.name))
+
+    def restart(self) -> Container:
+        docker("restart", "--time", "60", self.name, timeout_s=180)
+        return self.ready()
+
+    def remove(self) -> None:
+        docker("rm", "--force", "--volumes", self.name, check=False)
+
+
+@pytest.fixture(scope="session")
+def docker_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    daemon = Daemon(tmp_path_factory.mktemp("dockerd") / "dockerd.log")
+    daemon.ensure()
+    yield
+    daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def image(docker_daemon: None) -> str:
+    build_image(IMAGE)
+    return IMAGE
+
+
+@pytest.fixture
+def run_container(image: str) -> Iterator[Callable[..., Container]]:
+    """Start containers of the image: run_container(*docker_flags, env=..., volume=...)."""
+    started: list[Container] = []
+    volumes: list[str] = []
+
+    def run(*flags: str, volume: bool = True, **kwargs: Any) -> Container:
+        name = None
+        if volume:
+            name = f"cloche-test-data-{uuid.uuid4().hex[:8]}"
+            volumes.append(name)
+        started.append(Container(*flags, volume=name, image=image, **kwargs))
+        return started[-1]
+
+    yield run
+    for container in started:
+        container.remove()
+    for name in volumes:
+        docker("volume", "rm", "--force", name, check=False)
+
+
+@pytest.fixture(scope="module")
+def served(image: str) -> Iterator[Container]:
+    """One container run with the README's flags, shared by a module's protocol checks."""
+    volume = f"cloche-test-data-{uuid.uuid4().hex[:8]}"
+    container = Container(*RUN_FLAGS, volume=volume, image=image)
+    try:
+        yield container.ready()
+    finally:
+        container.remove()
+        docker("volume", "rm", "--force", volume, check=False)

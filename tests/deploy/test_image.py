@@ -1,0 +1,124 @@
+"""The container image, built and run with the README's flags: it serves as ./run.sh does.
+
+Needs Docker (a daemon is started for the run when none answers) and builds the base image
+with mmdebstrap when it is missing (cached by the daemon across runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from cloche.client.tcp import TCPClient
+from support import REPO
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+CGROUP_WARNING = "no writable cgroups"
+
+
+def test_tcp_greets_and_keeps_a_session_s_state(served) -> None:
+    with TCPClient("127.0.0.1", served.tcp_port) as client:
+        assert client.greeting["status"] == "ok"
+        sid = client.run("x = 1")["session_id"]
+        assert client.run("x + 1", sid)["output"] == "2\n"
+
+
+def test_terrarium_post_runs_a_cell(served) -> None:
+    answer = served.post("/", {"code": "print(6 * 7)"})
+    assert answer["success"] is True
+    assert answer["std_out"] == "42\n"
+
+
+def test_health_and_metrics_answer(served) -> None:
+    assert served.get("/health") == (200, '{"status":"ok"}')
+    status, metrics = served.get("/metrics")
+    assert status == 200
+    assert "cloche_cells_total" in metrics and "cloche_sessions_created_total" in metrics
+
+
+def test_code_runs_in_gvisor_inside_the_container(served) -> None:
+    answer = served.post(
+        "/",
+        {
+            "code": "import subprocess\n"
+            "print(subprocess.run(['dmesg'], capture_output=True, text=True).stdout)\n"
+            "print(open('/proc/version').read())"
+        },
+    )
+    assert "Starting gVisor" in str(answer["std_out"])  # gVisor's own kernel log
+    assert "Linux version 4.4.0" in str(answer["std_out"])  # the kernel gVisor pretends to be
+
+
+def test_without_writable_cgroups_it_says_which_limits_it_cant_enforce(served) -> None:
+    warning = [line for line in served.logs().splitlines() if CGROUP_WARNING in line]
+    assert len(warning) == 1, served.logs()
+    assert "--cpu-quota" in warning[0] and "--freeze-idle" in warning[0]
+
+
+def test_with_the_host_s_cgroups_mounted_it_enforces_them_all(run_container) -> None:
+    container = run_container(
+        "--cap-add",
+        "SYS_ADMIN",
+        "--security-opt",
+        "seccomp=unconfined",
+        "-v",
+        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
+    ).ready()
+    assert container.post("/", {"code": "print(1)"})["std_out"] == "1\n"
+    assert CGROUP_WARNING not in container.logs()
+
+
+def test_docker_stop_shuts_it_down_cleanly_with_cloche_settings_from_env(run_container) -> None:
+    container = run_container(
+        "--cap-add",
+        "SYS_ADMIN",
+        "--security-opt",
+        "seccomp=unconfined",
+        env={"CLOCHE_LOG_FORMAT": "json", "CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
+    ).ready()
+    with TCPClient("127.0.0.1", container.tcp_port) as client:
+        assert client.run("1 + 1")["output"] == "2\n"
+    assert container.stop(timeout_s=60) == 0  # SIGTERM reached cloche (not SIGKILL: 137)
+    lines = [json.loads(line) for line in container.logs().splitlines() if line.strip()]
+    listening = next(line for line in lines if line["message"].startswith("cloche listening"))
+    assert listening["pool"] == 1 and listening["tcp"] == "0.0.0.0:8000"
+    messages = [line["message"] for line in lines]
+    assert "shutting down" in messages
+    assert messages[-1] == "stopped"
+
+
+def test_the_shipped_seccomp_profile_replaces_unconfined(run_container) -> None:
+    profile = REPO / "deploy" / "seccomp.json"
+    container = run_container(
+        "--cap-add",
+        "SYS_ADMIN",
+        "--security-opt",
+        f"seccomp={profile}",
+        env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
+    ).ready()
+    answer = container.post("/", {"code": "import os; print(os.getpid())"})
+    assert answer["success"] is True, answer
+
+
+def test_the_kubernetes_security_context_is_enough(run_container) -> None:
+    """The StatefulSet's securityContext, as docker flags: its capabilities only, no new
+    privileges, a read-only root with /run and /tmp writable, the shipped seccomp profile."""
+    manifest = yaml.safe_load((REPO / "deploy" / "kubernetes" / "statefulset.yaml").read_text())
+    context = manifest["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    flags = ["--cap-drop", "ALL"]
+    for capability in context["capabilities"]["add"]:
+        flags += ["--cap-add", capability]
+    if context["allowPrivilegeEscalation"] is False:
+        flags += ["--security-opt", "no-new-privileges"]
+    if context["readOnlyRootFilesystem"]:
+        flags += ["--read-only", "--tmpfs", "/run:exec", "--tmpfs", "/tmp"]
+    flags += ["--security-opt", f"seccomp={REPO / 'deploy' / 'seccomp.json'}"]
+    container = run_container(
+        *flags, env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"}
+    ).ready()
+    with TCPClient("127.0.0.1", container.tcp_port) as client:
+        sid = client.run("x = 20")["session_id"]
+        assert client.run("x * 2 + 2", sid)["output"] == "42\n"
