@@ -199,6 +199,7 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     unsafe: ClassVar[bool] = False
+    can_checkpoint: ClassVar[bool] = False  # its sandboxes can be saved and restored
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config

@@ -41,6 +41,7 @@ class GVisorBackend(Backend):
     """One runsc sandbox per session."""
 
     name = "gvisor"
+    can_checkpoint = True
 
     def __init__(self, config: ServerConfig) -> None:
         super().__init__(config)

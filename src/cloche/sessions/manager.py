@@ -496,7 +496,7 @@ class LocalSessionManager(SessionManager):
                 for s in self._sessions.values()
                 if s.state is SessionState.IDLE and s.id not in self._pausing
             ]
-            if not idle or self.limits.pause_idle_s <= 0:
+            if not idle or self.limits.pause_idle_s <= 0 or not self.backend.can_checkpoint:
                 raise TooManySessions(
                     f"the server already holds its maximum of {self.config.max_sessions} "
                     "sessions (--max-sessions); close some or raise the limit"
@@ -918,6 +918,7 @@ class LocalSessionManager(SessionManager):
                     self._forget(session, "lifetime")
                 elif (
                     session.state is SessionState.IDLE
+                    and self.backend.can_checkpoint
                     and 0 < limits.pause_idle_s < idle_s
                     and session.id not in self._pausing
                 ):
@@ -944,8 +945,9 @@ class LocalSessionManager(SessionManager):
         async def keep(session: Session) -> None:
             async with limit:
                 try:
-                    await self._pause(session, "shutdown", interrupt=True)
-                    return
+                    if self.backend.can_checkpoint:
+                        await self._pause(session, "shutdown", interrupt=True)
+                        return
                 except ClocheError as exc:
                     log.error("session %s could not be paused at shutdown: %s", session.id, exc)
                 if self._sessions.get(session.id) is session:
