@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 import cloche
+from cloche.config import Limits
 from cloche.errors import ClientError, ClocheError, SessionError
 
 
@@ -103,7 +104,7 @@ def test_a_url_that_is_not_cloche_is_an_unexpected_response(url, token):
 
 
 def test_too_many_sessions_names_the_server_limit(make_server):
-    server = make_server(pool_size=1, max_sessions=1)
+    server = make_server(pool_size=1, max_sessions=1, limits=Limits(pause_idle_s=0))
     with cloche.Client(f"http://127.0.0.1:{server.http_port}") as client:
         with client.create_session(), pytest.raises(cloche.TooManySessions) as raised:
             client.create_session()

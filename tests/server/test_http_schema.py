@@ -47,6 +47,13 @@ OPERATIONS = [
     ("PUT", "/v1/sessions/{session_id}/files/{path}"),
     ("PUT", "/v1/sessions/{session_id}/context"),
     ("POST", "/v1/sessions/{session_id}/packages"),
+    ("POST", "/v1/sessions/{session_id}/snapshot"),
+    ("POST", "/v1/sessions/{session_id}/fork"),
+    ("POST", "/v1/sessions/{session_id}/pause"),
+    ("POST", "/v1/sessions/{session_id}/resume"),
+    ("GET", "/v1/snapshots"),
+    ("GET", "/v1/snapshots/{snapshot_id}"),
+    ("DELETE", "/v1/snapshots/{snapshot_id}"),
     ("GET", "/v1/profiles"),
     ("POST", "/v1/chat/completions"),
 ]

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cloche.config import Limits
 from support import ServerThread, make_config, require_gvisor
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -44,6 +45,8 @@ def small(state_root) -> Iterator[ServerThread]:
         max_sessions=2,
         max_queued_cells=1,
         max_frame_bytes=SMALL_BODY_LIMIT,
+        # No page-out: at --max-sessions, nothing makes room.
+        limits=Limits(cell_timeout_s=20.0, interrupt_grace_s=1.0, pause_idle_s=0),
     )
     with ServerThread(config) as running:
         yield running

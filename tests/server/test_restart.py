@@ -64,7 +64,7 @@ def test_sessions_come_back_after_a_graceful_restart(state_dir):
         )
         running.start()
         deadline = time.monotonic() + 60
-        while not list((state_dir / first.instance / "sandboxes").glob("*/work/started")):
+        while not list((state_dir / first.instance / "sandboxes").glob("*/disk/work/started")):
             assert time.monotonic() < deadline
             time.sleep(0.02)  # polling for the cell to run, with a deadline
     finally:

@@ -136,10 +136,10 @@ def error_for(
             return SessionNotFound(session_id)
         if snapshot_id is not None and message.startswith("Snapshot "):
             return SnapshotNotFound(snapshot_id)
-    if status == 410 and kind == "lost" and session_id is not None:
-        return _with_message(SessionLost(session_id), message)
         if file_path is not None:
             return _with_message(PathNotFound(file_path), message)
+    if status == 410 and kind == "lost" and session_id is not None:
+        return _with_message(SessionLost(session_id), message)
     if status == 400 and kind == "path_refused":
         return _with_message(PathRefused(file_path or "", message), message)
     if kind == "package_install":
