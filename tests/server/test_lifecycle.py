@@ -70,7 +70,7 @@ def test_sigterm_stops_cleanly_and_leaves_nothing(state_dir):
     thread.start()
     marker = state_dir / server.instance / "sandboxes"
     deadline = time.monotonic() + 30
-    while not list(marker.glob("*/work/started")) and time.monotonic() < deadline:
+    while not list(marker.glob("*/disk/work/started")) and time.monotonic() < deadline:
         time.sleep(0.02)  # polling for the cell to be running, with a deadline
     assert server.stop(signal.SIGTERM) == 0
     thread.join(30)
