@@ -216,6 +216,7 @@ class LocalSessionManager(SessionManager):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.backend.prepare)
+        await asyncio.to_thread(self.installer.prepare)
         for pool in self.pools.values():
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
