@@ -12,6 +12,7 @@ import cloche
 from cloche.config import PackageConfig
 from cloche.errors import ConfigError
 from cloche.packages.profiles import load
+from packages.conftest import LIMITS
 from support import ServerThread, make_config, require_gvisor
 
 PROFILES = """
@@ -88,6 +89,7 @@ def test_a_profile_is_built_listed_pooled_and_its_sessions_import_its_packages(
         state_root,
         pool_size=1,
         profiles_file=profile_file,
+        limits=LIMITS,
         packages=PackageConfig(cache_dir=cache),
     )
     with ServerThread(config) as server:
@@ -133,6 +135,7 @@ def test_a_profile_is_built_listed_pooled_and_its_sessions_import_its_packages(
         state_root,
         pool_size=1,
         profiles_file=profile_file,
+        limits=LIMITS,
         packages=PackageConfig(cache_dir=cache, index_url="file:///nonexistent/simple"),
     )
     with ServerThread(config) as server:
