@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 
 import cloche
-from cloche.config import PackageConfig
+from cloche.config import Limits, PackageConfig
 from support import ServerThread, make_config, require_gvisor
+
+# The SDK waits for a cell's answer its time limit plus 30 s, and an install holds the
+# cell's clock: on a loaded machine, pip's runs against the real index take a while.
+LIMITS = Limits(cell_timeout_s=120.0, interrupt_grace_s=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +25,9 @@ def package_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pkg_server(state_root: Path, package_cache: Path) -> Iterator[ServerThread]:
     """A server whose sessions install from the index through a cache of this module's."""
     require_gvisor()
-    config = make_config(state_root, pool_size=2, packages=PackageConfig(cache_dir=package_cache))
+    config = make_config(
+        state_root, pool_size=2, limits=LIMITS, packages=PackageConfig(cache_dir=package_cache)
+    )
     with ServerThread(config) as running:
         yield running
 
@@ -41,7 +47,7 @@ def packages_server(state_root: Path, package_cache: Path) -> Iterator[Callable[
 
     def make(**settings: object) -> ServerThread:
         packages = PackageConfig(cache_dir=package_cache, **settings)  # type: ignore[arg-type]
-        config = make_config(state_root, pool_size=1, packages=packages)
+        config = make_config(state_root, pool_size=1, limits=LIMITS, packages=packages)
         running = ServerThread(config).__enter__()
         started.append(running)
         return running

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import cloche
-from packages.conftest import sandbox_of
+from packages.conftest import LIMITS, sandbox_of
 from packages.wheels import make_wheel, simple_index, symlink_entry
 from support import ServerThread
 
@@ -55,7 +55,8 @@ def hostile_server(state_root, index, package_cache) -> Iterator[ServerThread]: 
 
     require_gvisor()
     packages = PackageConfig(index_url=index[0], cache_dir=package_cache)
-    with ServerThread(make_config(state_root, pool_size=1, packages=packages)) as running:
+    config = make_config(state_root, pool_size=1, limits=LIMITS, packages=packages)
+    with ServerThread(config) as running:
         yield running
 
 

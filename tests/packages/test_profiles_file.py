@@ -12,6 +12,7 @@ import cloche
 from cloche.config import PackageConfig
 from cloche.errors import ConfigError
 from cloche.packages.profiles import load
+from packages.conftest import LIMITS
 from support import ServerThread, make_config, require_gvisor
 
 PROFILES = """
@@ -88,6 +89,7 @@ def test_a_profile_is_built_listed_pooled_and_its_sessions_import_its_packages(
         state_root,
         pool_size=1,
         profiles_file=profile_file,
+        limits=LIMITS,
         packages=PackageConfig(cache_dir=cache),
     )
     with ServerThread(config) as server:
@@ -133,6 +135,7 @@ def test_a_profile_is_built_listed_pooled_and_its_sessions_import_its_packages(
         state_root,
         pool_size=1,
         profiles_file=profile_file,
+        limits=LIMITS,
         packages=PackageConfig(cache_dir=cache, index_url="file:///nonexistent/simple"),
     )
     with ServerThread(config) as server:
@@ -143,3 +146,26 @@ def test_a_profile_is_built_listed_pooled_and_its_sessions_import_its_packages(
         with cloche.Client(f"http://127.0.0.1:{server.http_port}") as client:
             with client.create_session("tab") as session:
                 assert session.run("import tabulate").error is None
+
+
+async def test_a_session_of_a_profile_still_building_waits_then_gets_a_clear_503(
+    tmp_path, monkeypatch
+):
+    """The manager's side alone (no sandbox is started): the build never ends here."""
+    from cloche.errors import SandboxStartError, UnknownProfile
+    from cloche.packages.profiles import ProfileCatalog, ProfileState, ProfileStatus
+    from cloche.sandbox.base import create_backend
+    from cloche.sessions import manager as manager_module
+
+    config = make_config(tmp_path, backend="unsafe-local", pool_size=0)
+    manager = manager_module.LocalSessionManager(config, create_backend(config))
+    catalog = ProfileCatalog([], {"bad": "profile 'bad': unknown key x"}, None, print)  # type: ignore[arg-type]
+    catalog.statuses["slow"] = ProfileStatus("slow", ProfileState.BUILDING)
+    manager.catalog = catalog
+    monkeypatch.setattr(manager_module, "PROFILE_WAIT_S", 0.2)
+    with pytest.raises(SandboxStartError, match="'slow' is still building"):
+        await manager.create(None, "slow")
+    with pytest.raises(UnknownProfile, match="unknown key x"):
+        await manager.create(None, "bad")
+    with pytest.raises(UnknownProfile, match="unknown profile"):
+        await manager.create(None, "nothere")

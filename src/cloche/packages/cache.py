@@ -50,7 +50,7 @@ class WheelCache:
         found: dict[Wheel, Path] = {}
         if missing:
             staging = self.root / "tmp" / secrets.token_hex(8)
-            staging.mkdir()
+            staging.mkdir(parents=True)
             try:
                 await pip.download(missing, staging)
                 for wheel in missing:

@@ -71,12 +71,18 @@ class Installer:
             python, runtime_dir, config.cache_dir / "tool", config.index_url, config.timeout_s
         )
         self.observer = observer
+        self._prepared = False
 
     def prepare(self) -> None:
-        """Create the cache and link pip (blocking)."""
-        if self.config.enabled:
+        """Called as the server starts: nothing yet. The cache is made, and pip linked, at
+        the first install (`setup`), so that a server that never installs writes nothing."""
+
+    def setup(self) -> None:
+        """Create the cache and link pip (blocking); once."""
+        if not self._prepared:
             self.cache.prepare()
             self.pip.prepare()
+            self._prepared = True
 
     def for_session(
         self, sandbox: Sandbox, runtime_dir: Path | None = None
@@ -127,6 +133,7 @@ class SessionPackages:
         if not config.enabled:
             raise PackageInstallError("this server does not install packages (--packages off)")
         wanted = requirements.parse(specs)
+        await asyncio.to_thread(installer.setup)
         self._check_allowed({requirements.name_of(r) for r in wanted})
         wheels = await installer.pip.resolve(
             [str(r) for r in wanted], dict(self.installed), self.runtime_dir

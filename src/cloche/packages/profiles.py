@@ -260,11 +260,16 @@ class ProfileCatalog:
         started = asyncio.get_running_loop().time()
         try:
             await asyncio.to_thread(self.builder.cache.prepare)
+            await asyncio.to_thread(self.builder.pip.prepare)  # also with --packages off
             runtime, packages = await self.builder.build(spec)
         except (PackageInstallError, OSError) as exc:
             status.state = ProfileState.FAILED
             status.error = f"profile {spec.name!r}: {exc}"
             log.error("%s", status.error)
+        except Exception as exc:  # a fault of ours: the profile fails, the others still build
+            status.state = ProfileState.FAILED
+            status.error = f"profile {spec.name!r}: the build failed inside the server ({exc!r})"
+            log.exception("%s", status.error)
         else:
             status.runtime_dir, status.packages = runtime, packages
             status.build_s = asyncio.get_running_loop().time() - started
