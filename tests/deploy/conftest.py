@@ -163,6 +163,8 @@ class Container:
         return int(docker("inspect", "--format", "{{.State.ExitCode}}", self.name))
 
     def restart(self) -> Container:
+        """`docker restart` (SIGTERM, then start again on the same volume), then ready() again:
+        for "a session survives a restart" once --data-dir (CLOCHE_DATA_DIR) saves sessions."""
         docker("restart", "--time", "60", self.name, timeout_s=180)
         return self.ready()
 
