@@ -21,9 +21,10 @@ ENV PIP_CERT=/opt/ca.pem
 COPY runtime-requirements.txt ./
 RUN .venv/bin/pip install --no-cache-dir -q --disable-pip-version-check \
         --target .runtime/site-packages -r runtime-requirements.txt
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN .venv/bin/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' >requirements.txt \
     && .venv/bin/pip install --no-cache-dir -q --disable-pip-version-check -r requirements.txt
+COPY README.md ./
 COPY src ./src
 RUN .venv/bin/pip install --no-cache-dir -q --disable-pip-version-check --no-deps . \
     && .venv/bin/pip uninstall -y -q pip setuptools

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds cloche's container image: scripts/image.sh [TAG]   (default TAG: cloche:latest)
+# Builds cloche's container image: scripts/image.sh [TAG [DOCKER-BUILD-OPTION...]]
+# (default TAG: cloche:latest; e.g. scripts/image.sh cloche:dev --no-cache for a cold build)
 # No image registry is needed: the Debian bookworm base image is made here from the
 # machine's own Debian mirror with mmdebstrap, once, and reused by later builds.
 # pip in the build trusts the machine's local CAs (/usr/local/share/ca-certificates).
@@ -9,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 tag=${1:-cloche:latest}
+shift || true
 base=${CLOCHE_BASE_IMAGE:-cloche-base:bookworm}
 say() { printf '[image] %s\n' "$*" >&2; }
 
@@ -79,4 +81,4 @@ local_cas() {
 
 build_base
 say "building $tag"
-docker build --build-arg "BASE=$base" --build-arg "EXTRA_CA_CERTS=$(local_cas)" --tag "$tag" .
+docker build --build-arg "BASE=$base" --build-arg "EXTRA_CA_CERTS=$(local_cas)" --tag "$tag" "$@" .

@@ -151,7 +151,7 @@ install_runtime() {
 install_docker() {
     command -v dockerd >/dev/null && return 0
     if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
-        say "no dockerd: the docker tests will fail (install Docker, or deselect: -m 'not docker')"
+        say "no dockerd here: the docker tests need a Docker engine (or deselect: -m 'not docker')"
         return 0
     fi
     say "installing docker.io (for the container image tests)"

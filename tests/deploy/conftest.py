@@ -159,11 +159,13 @@ class Container:
 
     def stop(self, timeout_s: int = 60) -> int:
         """`docker stop` (SIGTERM, then SIGKILL after timeout_s); the exit code."""
-        docker("stop", "--time", str(timeout_s), self.name, timeout_s=timeout_s + 60)
+        docker("stop", "-t", str(timeout_s), self.name, timeout_s=timeout_s + 60)
         return int(docker("inspect", "--format", "{{.State.ExitCode}}", self.name))
 
     def restart(self) -> Container:
-        docker("restart", "--time", "60", self.name, timeout_s=180)
+        """`docker restart` (SIGTERM, then start again on the same volume), then ready() again:
+        for "a session survives a restart" once --data-dir (CLOCHE_DATA_DIR) saves sessions."""
+        docker("restart", "-t", "60", self.name, timeout_s=180)
         return self.ready()
 
     def remove(self) -> None:
