@@ -77,7 +77,9 @@ def test_sigterm_stops_cleanly_and_leaves_nothing(state_dir):
     busy.close()
     assert busy_reply.get("cell_status") == "killed", busy_reply
     assert "was closed (shutdown); the session is gone" in str(busy_reply.get("error"))
-    assert any("reason=shutdown" in line and "exit=closed" in line for line in server.log)
+    assert any("reason=shutdown" in line and "exit=closed" in line for line in server.log), "".join(
+        server.log
+    )
     assert leftovers(state_dir, server.instance) == NOTHING_LEFT, "".join(server.log)
     # Every line (written by the log thread, to the end) has one timestamp, level and name.
     line_shape = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+ \S")

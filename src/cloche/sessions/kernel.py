@@ -346,6 +346,9 @@ class KernelClient:
                     f"MemoryError: the cell hit the memory limit of {self.limits.memory_mib} MiB "
                     "(--memory-mib); the session survived"
                 )
+        if not self.alive and self.death is not None:  # ended by `close`: the session is gone
+            result.status, result.error, result.result = CellStatus.KILLED, None, None
+            result.message = f"{self.death}; the session is gone"
         if result.dropped_bytes:
             result.message = _join(
                 result.message,
@@ -420,12 +423,22 @@ class KernelClient:
         self.alive = False
         if self.death is None:
             self.death = why
+        cell = self._cell
+        if cell is not None and not cell.future.done() and not self.killing:
+            # A kernel busy in a cell (asleep, say) reads no EOF: interrupt the cell and wait
+            # for its end first. The interrupt's own ladder bounds the wait (kill after
+            # interrupt_grace_s, channel given up 10 s later), so it never hangs.
+            if cell.stage is _Stage.RUNNING:
+                self._signal(cell, CellStatus.INTERRUPTED)
+            await asyncio.shield(cell.future)
         if self._writer is not None:
             self._writer.close()  # the kernel reads EOF and exits
         if self._reader is not None:
             self._reader.close()  # before the sandbox's pipes are closed under it
         if self._exit_step is None:
-            self._exit_step = await asyncio.to_thread(self.sandbox.close, grace_s)
+            step = await asyncio.to_thread(self.sandbox.close, grace_s)
+            # Killed by the interrupt's ladder while the close waited: say so.
+            self._exit_step = ExitStep.KILLED if self.killing and step is ExitStep.CLOSED else step
         return self._exit_step
 
 
