@@ -83,9 +83,10 @@ class Sandbox(abc.ABC):
     def thaw(self) -> None:  # noqa: B027  # optional hook
         """Let a frozen sandbox run again. Cheap when it isn't frozen."""
 
-    def checkpoint(self, image: Path) -> str | None:
+    def checkpoint(self, image: Path, *, compressed: bool = True) -> str | None:
         """Save the running sandbox into the directory image, for `restore_from`; this
-        stops it. None when saved, else why not (a backend that can't says so)."""
+        stops it. None when saved, else why not (a backend that can't says so). An
+        uncompressed image is larger and restores faster."""
         return f"the {type(self).__name__} backend can't checkpoint"
 
     def cpu_seconds(self) -> float | None:

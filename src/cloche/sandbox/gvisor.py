@@ -218,10 +218,10 @@ class GVisorSandbox(Sandbox):
     def cpu_seconds(self) -> float | None:
         return cgroups.cpu_usage_s(self._cgroup)
 
-    def checkpoint(self, image: Path) -> str | None:
+    def checkpoint(self, image: Path, *, compressed: bool = True) -> str | None:
         self.thaw()
         image.mkdir(parents=True, exist_ok=True)
-        return self.runsc.checkpoint(self.id, image)
+        return self.runsc.checkpoint(self.id, image, compressed=compressed)
 
     @property
     def _cgroup(self) -> str:

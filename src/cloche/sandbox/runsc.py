@@ -82,9 +82,27 @@ class Runsc:
             ]
         return [*self.global_args(), "run", "--bundle", str(bundle), sandbox_id]
 
-    def checkpoint(self, sandbox_id: str, image: Path) -> str | None:
-        """Save a running sandbox into image (which stops it); None, or why it failed."""
-        done = self._call("checkpoint", "--image-path", str(image), sandbox_id, timeout_s=120.0)
+    @cached_property
+    def checkpoint_flags(self) -> set[str]:
+        out = subprocess.run(
+            [self.binary, "checkpoint", "--help"], capture_output=True, text=True, timeout=10
+        )
+        return set(re.findall(r"^\s+-([\w-]+)", out.stdout + out.stderr, re.MULTILINE))
+
+    def checkpoint(self, sandbox_id: str, image: Path, *, compressed: bool = True) -> str | None:
+        """Save a running sandbox into image (which stops it); None, or why it failed.
+
+        An uncompressed image is ~3.5x larger (141 against 39 MB for the data profile) and
+        restores ~2x faster: nothing to inflate, which is a burst's bottleneck on few cores.
+        """
+        options = []
+        if not compressed and "compression" in self.checkpoint_flags:
+            options.append("--compression=none")
+            if "exclude-committed-zero-pages" in self.checkpoint_flags:
+                options.append("--exclude-committed-zero-pages")
+        done = self._call(
+            "checkpoint", *options, "--image-path", str(image), sandbox_id, timeout_s=120.0
+        )
         return None if done.returncode == 0 else (done.stderr.strip() or "no reason given")
 
     def _call(self, *args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
