@@ -13,6 +13,8 @@ import logging
 import signal
 import subprocess
 from collections.abc import Callable
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, Limits
@@ -318,15 +320,12 @@ class KernelClient:
         if not text:
             return
         cell.kept_chars += len(text)
-        streams = cell.result.streams
-        if streams and streams[-1][0] == name:
-            streams[-1] = (name, streams[-1][1] + text)
-        else:
-            streams.append((name, text))
+        cell.result.streams.append((name, text))  # runs of one stream joined at the end
         self._emit(cell, {"type": name, "text": text})
 
     def _on_done(self, cell: _Cell, message: dict[str, Any]) -> None:
         result = cell.result
+        result.streams = _joined(result.streams)
         status = message.get("status")
         if status not in ("ok", "error"):
             raise InvalidMessage("malformed end of cell")
@@ -407,6 +406,7 @@ class KernelClient:
             self._ready.set_exception(KernelDied(self.death))
         cell = self._cell
         if cell is not None and not cell.future.done():
+            cell.result.streams = _joined(cell.result.streams)
             cell.result.status = CellStatus.KILLED
             cell.result.message = f"{self.death}; the session is gone"
             cell.future.set_result(None)
@@ -440,6 +440,15 @@ class KernelClient:
             # Killed by the interrupt's ladder while the close waited: say so.
             self._exit_step = ExitStep.KILLED if self.killing and step is ExitStep.CLOSED else step
         return self._exit_step
+
+
+def _joined(streams: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Runs of one stream's chunks as one text each, in one pass at the end of the cell
+    (appending each chunk to one string copied it whole every time: quadratic in the
+    number of chunks, on the event loop)."""
+    return [
+        (name, "".join(text for _, text in run)) for name, run in groupby(streams, itemgetter(0))
+    ]
 
 
 def _join(first: str | None, second: str) -> str:
