@@ -119,10 +119,12 @@ class Session:
                 f"(limit {self._max_queued}); wait for them to finish"
             )
         self._waiting += 1
+        queued = time.perf_counter()
         try:
             await self._lock.acquire()
         finally:
             self._waiting -= 1
+        waited_s = time.perf_counter() - queued
         try:
             if not self.usable:
                 raise KernelDied(self.close_reason or self.kernel.death or "session closed")
@@ -133,6 +135,7 @@ class Session:
             result = await self.kernel.execute(
                 code, timeout_s=timeout_s, on_event=on_event, silent=silent
             )
+            result.queue_wait_s = waited_s
             if before is not None and result.session_survived:
                 result.files = changed(before, await self._snapshot())
             self.execution_count = result.execution_count or self.execution_count
