@@ -56,20 +56,27 @@ class Runsc:
         ).stderr
         return set(re.findall(r"^\s+-([\w-]+)", out, re.MULTILINE))
 
-    def global_args(self) -> list[str]:
+    def global_args(self, platform: str | None = None) -> list[str]:
         args = [
             self.binary,
             "--root",
             str(self.root),
             "--network=none",
-            f"--platform={self.platform}",
+            f"--platform={platform or self.platform}",
         ]
         if "overlay2" in self.flags:
             args.append("--overlay2=none")  # writes go to the mounts we chose, nowhere else
         return args
 
-    def run_args(self, bundle: Path, sandbox_id: str, image: Path | None = None) -> list[str]:
-        """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it."""
+    def run_args(
+        self,
+        bundle: Path,
+        sandbox_id: str,
+        image: Path | None = None,
+        platform: str | None = None,
+    ) -> list[str]:
+        """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it (on
+        the image's platform, self.platform)."""
         if image is not None:
             return [
                 *self.global_args(),
@@ -80,7 +87,7 @@ class Runsc:
                 str(bundle),
                 sandbox_id,
             ]
-        return [*self.global_args(), "run", "--bundle", str(bundle), sandbox_id]
+        return [*self.global_args(platform), "run", "--bundle", str(bundle), sandbox_id]
 
     @cached_property
     def checkpoint_flags(self) -> set[str]:
