@@ -624,7 +624,19 @@ def main(argv: list[str] | None = None) -> int:
         help="start the main server with --freeze-idle (default: cloche serve's, 30 s)",
     )
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument(
+        "--cpu-per-cell",
+        action="store_true",
+        help="only measure CPU per cell by component at --levels busy sessions on each of "
+        "--platforms (see benchmarks/cpu_per_cell.py)",
+    )
+    parser.add_argument("--platforms", default="systrap,ptrace", help="for --cpu-per-cell")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="for --cpu-per-cell: time per level"
+    )
     args = parser.parse_args(argv)
+    if args.cpu_per_cell:
+        return cpu_per_cell_mode(args)
     if args.quick:
         args.cells, args.sessions, args.levels, args.ops, args.idle = 300, 4, "1,5", 200, 10
     levels = [int(x) for x in args.levels.split(",")]
@@ -651,6 +663,26 @@ def main(argv: list[str] | None = None) -> int:
 
     write_report(run.__dict__, args.out)
     log(f"results in {args.out}")
+    return 0
+
+
+def cpu_per_cell_mode(args: argparse.Namespace) -> int:
+    """The --cpu-per-cell mode: its table on stdout, its rows in OUT/cpu_per_cell.json."""
+    from cpu_per_cell import run_platform, table
+
+    levels = [int(x) for x in args.levels.split(",")]
+    rows: list[dict[str, Any]] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    with scratch_dir() as base:
+        try:
+            for platform_name in args.platforms.split(","):
+                rows += run_platform(serving, base, platform_name, levels, args.seconds)
+                (args.out / "cpu_per_cell.json").write_text(json.dumps(rows, indent=1))
+        finally:
+            left = leftovers(base)
+            if left:
+                log("LEFT BEHIND: " + "; ".join(left))
+    print(table(rows))
     return 0
 
 

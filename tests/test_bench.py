@@ -173,3 +173,25 @@ def test_percentiles_and_table() -> None:
         "100.000",
         "50.0",
     ]
+
+
+def test_several_levels_in_one_call_print_a_scaling_table(api: ServerThread) -> None:
+    done = bench(api, "-w", "tcp-cell", "-n", "20", "-c", "1,4")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == [
+        *("workload", "clients", "n", "errors", "p50", "p90", "p99", "max", "ops/s"),
+        *("vs", "first"),
+    ]
+    rows = [line.split() for line in lines[2:]]
+    assert [(row[0], row[1], row[2], row[3]) for row in rows] == [
+        ("tcp-cell", "1", "20", "0"),
+        ("tcp-cell", "4", "20", "0"),
+    ]
+    assert rows[0][-1] == "1.00x" and rows[1][-1].endswith("x")
+
+
+def test_a_bad_level_list_is_refused_clearly(api: ServerThread) -> None:
+    done = bench(api, "-c", "1,ten")
+    assert done.returncode == 2
+    assert "comma-separated list of numbers" in done.stderr

@@ -414,10 +414,14 @@ async def _opened(worker: Worker) -> Worker:
     return worker
 
 
-def render(reports: list[Report]) -> str:
-    """A fixed-width table of reports, one row each (latencies in ms)."""
+def render(reports: list[Report], *, scaling: bool = False) -> str:
+    """A fixed-width table of reports, one row each (latencies in ms). With scaling, a last
+    column gives each row's ops/s against the first row of the same workload."""
     header = ["workload", "clients", "n", "errors", "p50", "p90", "p99", "max", "ops/s"]
+    if scaling:
+        header.append("vs first")
     rows = [header]
+    first: dict[str, float] = {}
     for report in reports:
         figures = report.summary()
         rows.append(
@@ -433,6 +437,9 @@ def render(reports: list[Report]) -> str:
                 f"{report.throughput:,.1f}",
             ]
         )
+        if scaling:
+            base = first.setdefault(report.name, report.throughput)
+            rows[-1].append(f"{report.throughput / base:.2f}x" if base else "-")
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(

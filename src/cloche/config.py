@@ -109,6 +109,9 @@ class ServerConfig:
     backend: str = "auto"
     pool_size: int = 2  # ready `lean` sandboxes
     data_pool_size: int = 1  # ready `data` sandboxes (the data stack imported)
+    # Each pool grows to the largest recent burst of new sessions, up to this many ready
+    # sandboxes (lean ~15 MiB each, data ~190 MiB), and shrinks back when demand falls.
+    pool_max: int = 8
     # Refill the data pool by restoring a checkpoint of one started sandbox: ~4x faster than
     # starting and importing, for ~50 MiB more per data session and one shared hash seed.
     data_template: bool = True

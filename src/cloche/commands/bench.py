@@ -57,7 +57,13 @@ def add(subparsers: Any) -> None:
     )
     parser.add_argument("-n", "--requests", type=int, default=1000, help="timed operations")
     parser.add_argument(
-        "-c", "--clients", type=int, default=1, help="concurrent clients (sessions) [default 1]"
+        "-c",
+        "--clients",
+        type=levels,
+        default=[1],
+        metavar="N[,N...]",
+        help="concurrent clients (sessions); several levels, such as 1,10,50,100, are run in "
+        "turn and printed as a scaling table [default 1]",
     )
     parser.add_argument(
         "--warmup", type=int, default=None, help="untimed operations first [default: n/10]"
@@ -73,6 +79,19 @@ def add(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per workload")
     parser.set_defaults(handler=_bench)
+
+
+def levels(text: str) -> list[int]:
+    """Concurrency levels: "10" or "1,10,50,100"."""
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a number or a comma-separated list of numbers: {text!r}"
+        ) from None
+    if not numbers or min(numbers) < 1:
+        raise argparse.ArgumentTypeError(f"every level must be at least 1: {text!r}")
+    return numbers
 
 
 def target_of(args: argparse.Namespace) -> Target:
@@ -99,31 +118,34 @@ async def run_workloads(
     workloads: list[str],
     *,
     requests: int,
-    clients: int,
+    clients: int | list[int],
     warmup: int,
     pause_s: float,
     timeout_s: float,
 ) -> list[Report]:
+    """Each workload at each concurrency level in turn."""
+    counts = [clients] if isinstance(clients, int) else clients
     reports = []
-    async with http_client(target, clients, timeout_s) as http:
+    async with http_client(target, max(counts), timeout_s) as http:
         for workload in workloads:
-            reports.append(
-                await measure(
-                    workload,
-                    server_workers(workload, target, http),
-                    total=requests,
-                    concurrency=clients,
-                    warmup=warmup,
-                    pause_s=pause_s,
-                    progress=Progress(workload, requests),
+            for count in counts:
+                reports.append(
+                    await measure(
+                        workload,
+                        server_workers(workload, target, http),
+                        total=requests,
+                        concurrency=count,
+                        warmup=warmup,
+                        pause_s=pause_s,
+                        progress=Progress(f"{workload} -c {count}", requests),
+                    )
                 )
-            )
     return reports
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.requests < 1 or args.clients < 1:
-        print("cloche bench: --requests and --clients must be at least 1", file=sys.stderr)
+    if args.requests < 1:
+        print("cloche bench: --requests must be at least 1", file=sys.stderr)
         return CLOCHE_FAILED
     try:
         target = target_of(args)
@@ -150,7 +172,7 @@ def _bench(args: argparse.Namespace) -> int:
         for report in reports:
             print(json.dumps(report.summary()))
     else:
-        print(render(reports))
+        print(render(reports, scaling=len(args.clients) > 1))
         for report in reports:
             if report.first_error:
                 print(f"{report.name}: first error: {report.first_error}", file=sys.stderr)

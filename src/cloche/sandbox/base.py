@@ -102,10 +102,13 @@ class Sandbox(abc.ABC):
     def thaw(self) -> None:  # noqa: B027  # optional hook
         """Let a frozen sandbox run again. Cheap when it isn't frozen."""
 
-    def checkpoint(self, image: Path, *, leave_running: bool = False) -> str | None:
+    def checkpoint(
+        self, image: Path, *, leave_running: bool = False, compressed: bool = True
+    ) -> str | None:
         """Save the running sandbox into the directory image, for `restore_from`; this
         stops it unless leave_running. None when saved, else why not (a backend that can't
-        says so). The working directory is not in the image: save it with `archive.pack`."""
+        says so). An uncompressed image is larger and restores faster. The working
+        directory is not in the image: save it with `archive.pack`."""
         return f"the {type(self).__name__} backend can't checkpoint"
 
     def cpu_seconds(self) -> float | None:

@@ -8,6 +8,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from cloche.config import Limits, ServerConfig
@@ -35,6 +36,12 @@ from cloche.sandbox.bundle import (
 from cloche.sandbox.runsc import INSTALL_HINT, Runsc
 
 PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not tried
+# With platform "auto", sandboxes started while this many per core already run use ptrace
+# instead of systrap: systrap's sentry spins ~20 µs on each side of a syscall hand-off
+# before sleeping, and with more runnable sandboxes than cores that spinning takes the CPU
+# the others need (sentry CPU per cell, 2 cores: 0.2 ms at 1 busy session, 1 ms at 10,
+# 8.5 ms at 50 under systrap; see benchmarks/results/throughput.md).
+PTRACE_FROM_PER_CORE = 2
 
 
 class GVisorBackend(Backend):
@@ -57,6 +64,10 @@ class GVisorBackend(Backend):
         if not python_prefix.is_relative_to("/usr"):
             self.mounts.append(Mount(python_prefix, str(python_prefix)))
         self.sys_path: list[str] = []
+        self._ptrace_when_busy = False  # platform "auto" chose systrap (see platform_for_new)
+        self._ptrace_works: bool | None = None  # probed the first time it is wanted
+        self._live = 0  # sandboxes launched and not yet released
+        self._live_lock = threading.Lock()  # launches and releases run in threads
         if config.runtime_dir is not None and config.runtime_dir.is_dir():
             self.mounts.append(Mount(config.runtime_dir.resolve(), RUNTIME_MOUNT))
             self.sys_path.append(RUNTIME_MOUNT)
@@ -90,6 +101,7 @@ class GVisorBackend(Backend):
         (self.state.path / "sandboxes").mkdir()
         build_rootfs(self.rootfs, self.mounts)
         self.runsc.platform = self._choose_platform()
+        self._ptrace_when_busy = self.config.platform == "auto" and self.runsc.platform == "systrap"
         log.info(
             "gVisor backend ready: runsc %s, platform %s, state %s",
             self.runsc.version,
@@ -113,9 +125,11 @@ class GVisorBackend(Backend):
             + INSTALL_HINT
         )
 
-    def _probe(self) -> str | None:
-        """Start a sandbox and wait for its kernel's first message; the error, if any."""
+    def _probe(self, platform: str | None = None) -> str | None:
+        """Start a sandbox (on platform, else runsc's) and wait for its kernel's first
+        message; the error, if any."""
         sandbox = self.create(Limits())
+        sandbox.platform = platform
         try:
             sandbox.launch()
             ready, _, _ = select.select([sandbox.stdout], [], [], 30.0)
@@ -134,6 +148,30 @@ class GVisorBackend(Backend):
             stat = self.config.runtime_dir.stat()
             runtime = f" runtime {self.config.runtime_dir.resolve()}@{stat.st_mtime_ns}"
         return f"{super().image_origin()} runsc {self.runsc.version} {self.runsc.platform}{runtime}"
+
+    def count_live(self, change: int) -> None:
+        with self._live_lock:
+            self._live += change
+
+    def platform_for_new(self) -> str | None:
+        """The platform for a sandbox started now (None: runsc.platform). Blocking: the
+        first time ptrace is wanted, a sandbox is started on it to see that it works."""
+        cores = os.cpu_count() or 1
+        if not self._ptrace_when_busy or self._live < PTRACE_FROM_PER_CORE * cores:
+            return None
+        with self._live_lock:
+            untried = self._ptrace_works is None
+            if untried:
+                self._ptrace_works = False  # until the probe says otherwise
+        if untried:
+            error = self._probe("ptrace")
+            self._ptrace_works = error is None
+            log.info(
+                "sandboxes started beyond %d at once use ptrace: %s",
+                PTRACE_FROM_PER_CORE * cores,
+                "yes" if error is None else f"no, it failed ({error})",
+            )
+        return "ptrace" if self._ptrace_works else None
 
     def create(self, limits: Limits) -> GVisorSandbox:
         return GVisorSandbox(self, self.new_id(), limits)
@@ -188,6 +226,8 @@ class GVisorSandbox(Sandbox):
         self.command = kernel_command(
             self.backend.python, str(Path(KERNEL_MOUNT).parent.parent), [RUNTIME_MOUNT, SITE_MOUNT]
         )
+        self._counted = False  # in backend's count of live sandboxes
+        self.platform: str | None = None  # runsc's unless set (a restore is always runsc's)
 
     @property
     def runsc(self) -> Runsc:
@@ -224,15 +264,20 @@ class GVisorSandbox(Sandbox):
             cpu_shares=cgroups.SERVING_CPU_SHARES if self.urgent else cgroups.STARTING_CPU_SHARES,
         )
         (bundle / "config.json").write_text(json.dumps(config))
+        platform = self.platform
+        if platform is None and self.restore_from is None:
+            platform = backend.platform_for_new()
         with open(self.home / "runsc.log", "wb") as stderr:
             self.process = subprocess.Popen(
-                self.runsc.run_args(bundle, self.id, self.restore_from),
+                self.runsc.run_args(bundle, self.id, self.restore_from, platform),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 start_new_session=True,  # a Ctrl-C at the server's terminal must not reach it
                 bufsize=0,
             )
+        backend.count_live(1)
+        self._counted = True
 
     def started(self) -> None:
         try:
@@ -259,10 +304,14 @@ class GVisorSandbox(Sandbox):
     def cpu_seconds(self) -> float | None:
         return cgroups.cpu_usage_s(self._cgroup)
 
-    def checkpoint(self, image: Path, *, leave_running: bool = False) -> str | None:
+    def checkpoint(
+        self, image: Path, *, leave_running: bool = False, compressed: bool = True
+    ) -> str | None:
         self.thaw()
         image.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return self.runsc.checkpoint(self.id, image, leave_running=leave_running)
+        return self.runsc.checkpoint(
+            self.id, image, leave_running=leave_running, compressed=compressed
+        )
 
     @property
     def _cgroup(self) -> str:
@@ -290,6 +339,9 @@ class GVisorSandbox(Sandbox):
             self.process.kill()
 
     def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.backend.count_live(-1)
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()

@@ -57,13 +57,13 @@ class Runsc:
         ).stderr
         return set(re.findall(r"^\s+-([\w-]+)", out, re.MULTILINE))
 
-    def global_args(self) -> list[str]:
+    def global_args(self, platform: str | None = None) -> list[str]:
         args = [
             self.binary,
             "--root",
             str(self.root),
             "--network=none",
-            f"--platform={self.platform}",
+            f"--platform={platform or self.platform}",
         ]
         if "overlay2" in self.flags:
             args.append("--overlay2=none")  # writes go to the mounts we chose, nowhere else
@@ -71,8 +71,15 @@ class Runsc:
             args.append("--ignore-cgroups")  # no writable cgroups (a container's default)
         return args
 
-    def run_args(self, bundle: Path, sandbox_id: str, image: Path | None = None) -> list[str]:
-        """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it."""
+    def run_args(
+        self,
+        bundle: Path,
+        sandbox_id: str,
+        image: Path | None = None,
+        platform: str | None = None,
+    ) -> list[str]:
+        """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it (on
+        the image's platform, self.platform)."""
         if image is not None:
             return [
                 *self.global_args(),
@@ -83,16 +90,36 @@ class Runsc:
                 str(bundle),
                 sandbox_id,
             ]
-        return [*self.global_args(), "run", "--bundle", str(bundle), sandbox_id]
+        return [*self.global_args(platform), "run", "--bundle", str(bundle), sandbox_id]
+
+    @cached_property
+    def checkpoint_flags(self) -> set[str]:
+        out = subprocess.run(
+            [self.binary, "checkpoint", "--help"], capture_output=True, text=True, timeout=10
+        )
+        return set(re.findall(r"^\s+-([\w-]+)", out.stdout + out.stderr, re.MULTILINE))
 
     def checkpoint(
-        self, sandbox_id: str, image: Path, *, leave_running: bool = False
+        self,
+        sandbox_id: str,
+        image: Path,
+        *,
+        leave_running: bool = False,
+        compressed: bool = True,
     ) -> str | None:
         """Save a running sandbox into image; None, or why it failed. The sandbox stops,
-        unless leave_running: then it goes on as if nothing happened (its pipes too)."""
-        extra = ["--leave-running"] if leave_running else []
+        unless leave_running: then it goes on as if nothing happened (its pipes too).
+
+        An uncompressed image is ~3.5x larger (141 against 39 MB for the data profile) and
+        restores ~2x faster: nothing to inflate, which is a burst's bottleneck on few cores.
+        """
+        options = ["--leave-running"] if leave_running else []
+        if not compressed and "compression" in self.checkpoint_flags:
+            options.append("--compression=none")
+            if "exclude-committed-zero-pages" in self.checkpoint_flags:
+                options.append("--exclude-committed-zero-pages")
         done = self._call(
-            "checkpoint", "--image-path", str(image), *extra, sandbox_id, timeout_s=120.0
+            "checkpoint", *options, "--image-path", str(image), sandbox_id, timeout_s=120.0
         )
         return None if done.returncode == 0 else (done.stderr.strip() or "no reason given")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 from cloche.config import ServerConfig
 from cloche.sandbox.base import Backend, create_backend
@@ -13,6 +14,12 @@ from cloche.server.tcp import TCPFrontEnd
 from cloche.sessions.manager import LocalSessionManager
 
 log = logging.getLogger("cloche.server")
+
+
+def blocking_threads(config: ServerConfig) -> int:
+    """Threads for blocking calls: a few per session that can be starting or closing at once
+    (they mostly wait on runsc; an idle thread costs nothing)."""
+    return min(1024, max(32, 2 * config.max_sessions))
 
 
 class Server:
@@ -29,6 +36,11 @@ class Server:
 
     async def start(self) -> None:
         """Prepare the backend, start the pool, and listen. Fails fast on a bad setup."""
+        # Sandbox starts and closes wait in threads (runsc subprocesses, a close's grace):
+        # asyncio's default of cores + 4 threads made a burst's starts wait behind closes.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(blocking_threads(self.config), thread_name_prefix="cloche-blocking")
+        )
         await self.manager.start()
         try:
             await self.tcp.start()

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ _CELL_BUCKETS_S = (
     60,
     300,
 )
+_WAIT_BUCKETS_S = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _START_BUCKETS_S = (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 _LLM_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 
@@ -65,6 +66,12 @@ class Metrics:
             "Wall time of cells as the server saw it",
             ["status"],
             buckets=_CELL_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "cloche_cell_queue_wait_seconds",
+            "Time a cell waited for its session (behind that session's earlier cells)",
+            buckets=_WAIT_BUCKETS_S,
             registry=self.registry,
         )
         self.sandbox_start = Histogram(
@@ -202,6 +209,7 @@ class Metrics:
         status = result.status.value
         self.cells.labels(status).inc()
         self.cell_duration.labels(status).observe(seconds)
+        self.queue_wait.observe(result.queue_wait_s)
         for kind in breaches(result):
             self.limit_breaches.labels(kind).inc()
 
@@ -227,7 +235,7 @@ class _ManagerCollector(Collector):
     def __init__(self, manager: LocalSessionManager) -> None:
         self.manager = manager
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         active = GaugeMetricFamily("cloche_sessions_active", "Sessions alive now")
         active.add_metric([], self.manager.session_count)
         yield active
@@ -244,6 +252,25 @@ class _ManagerCollector(Collector):
             "Started sandboxes waiting in the warm pool",
             labels=["profile"],
         )
+        hits = CounterMetricFamily(
+            "cloche_pool_hits", "New sessions given a ready sandbox", labels=["profile"]
+        )
+        misses = CounterMetricFamily(
+            "cloche_pool_misses",
+            "New sessions that waited for a sandbox to start (the pool was empty)",
+            labels=["profile"],
+        )
+        target = GaugeMetricFamily(
+            "cloche_pool_target",
+            "Ready sandboxes a pool aims for (its size, or more after bursts)",
+            labels=["profile"],
+        )
         for name, pool in self.manager.pools.items():
             pooled.add_metric([name], pool.ready_count)
+            hits.add_metric([name], pool.hits)
+            misses.add_metric([name], pool.misses)
+            target.add_metric([name], pool.target)
         yield pooled
+        yield hits
+        yield misses
+        yield target

@@ -13,6 +13,8 @@ import logging
 import signal
 import subprocess
 from collections.abc import Callable
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, Limits
@@ -335,15 +337,12 @@ class KernelClient:
         if not text:
             return
         cell.kept_chars += len(text)
-        streams = cell.result.streams
-        if streams and streams[-1][0] == name:
-            streams[-1] = (name, streams[-1][1] + text)
-        else:
-            streams.append((name, text))
+        cell.result.streams.append((name, text))  # runs of one stream joined at the end
         self._emit(cell, {"type": name, "text": text})
 
     def _on_done(self, cell: _Cell, message: dict[str, Any]) -> None:
         result = cell.result
+        result.streams = _joined(result.streams)
         status = message.get("status")
         if status not in ("ok", "error"):
             raise InvalidMessage("malformed end of cell")
@@ -363,6 +362,9 @@ class KernelClient:
                     f"MemoryError: the cell hit the memory limit of {self.limits.memory_mib} MiB "
                     "(--memory-mib); the session survived"
                 )
+        if not self.alive and self.death is not None:  # ended by `close`: the session is gone
+            result.status, result.error, result.result = CellStatus.KILLED, None, None
+            result.message = f"{self.death}; the session is gone"
         if result.dropped_bytes:
             result.message = _join(
                 result.message,
@@ -421,6 +423,7 @@ class KernelClient:
             self._ready.set_exception(KernelDied(self.death))
         cell = self._cell
         if cell is not None and not cell.future.done():
+            cell.result.streams = _joined(cell.result.streams)
             cell.result.status = CellStatus.KILLED
             cell.result.message = f"{self.death}; the session is gone"
             cell.future.set_result(None)
@@ -437,13 +440,32 @@ class KernelClient:
         self.alive = False
         if self.death is None:
             self.death = why
+        cell = self._cell
+        if cell is not None and not cell.future.done() and not self.killing:
+            # A kernel busy in a cell (asleep, say) reads no EOF: interrupt the cell and wait
+            # for its end first. The interrupt's own ladder bounds the wait (kill after
+            # interrupt_grace_s, channel given up 10 s later), so it never hangs.
+            if cell.stage is _Stage.RUNNING:
+                self._signal(cell, CellStatus.INTERRUPTED)
+            await asyncio.shield(cell.future)
         if self._writer is not None:
             self._writer.close()  # the kernel reads EOF and exits
         if self._reader is not None:
             self._reader.close()  # before the sandbox's pipes are closed under it
         if self._exit_step is None:
-            self._exit_step = await asyncio.to_thread(self.sandbox.close, grace_s)
+            step = await asyncio.to_thread(self.sandbox.close, grace_s)
+            # Killed by the interrupt's ladder while the close waited: say so.
+            self._exit_step = ExitStep.KILLED if self.killing and step is ExitStep.CLOSED else step
         return self._exit_step
+
+
+def _joined(streams: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Runs of one stream's chunks as one text each, in one pass at the end of the cell
+    (appending each chunk to one string copied it whole every time: quadratic in the
+    number of chunks, on the event loop)."""
+    return [
+        (name, "".join(text for _, text in run)) for name, run in groupby(streams, itemgetter(0))
+    ]
 
 
 def _join(first: str | None, second: str) -> str:

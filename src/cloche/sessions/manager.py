@@ -248,6 +248,7 @@ class LocalSessionManager(SessionManager):
                 size=size,
                 max_frame_bytes=config.max_frame_bytes,
                 start_concurrency=config.start_concurrency,
+                max_size=config.pool_max,
             )
             for profile, size in ((LEAN, config.pool_size), (DATA, config.data_pool_size))
         }

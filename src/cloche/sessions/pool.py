@@ -8,6 +8,7 @@ the pool is checked alive first: the pool never hands out a dead one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from cloche.config import Limits
 from cloche.errors import SandboxStartError
-from cloche.sandbox.base import Backend
+from cloche.sandbox.base import Backend, ExitStep
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.profiles import Profile
 from cloche.sessions.result import CellStatus
@@ -30,6 +31,12 @@ PRELOAD_TIMEOUT_S = 180.0
 # for ~0.3 s, just when the session taken runs its first cells (measured on 2 cores: the
 # first cell after a pool hit, p50 5.6 ms with an immediate refill, 4.0 ms with this).
 REFILL_DELAY_S = 0.2
+# A pool grows beyond its size to the largest burst of takes seen lately: the takes within
+# BURST_S of each other, remembered for DEMAND_WINDOW_S. Ready sandboxes beyond that are
+# closed (looked at every SHRINK_CHECK_S), so the pool shrinks back when demand falls.
+BURST_S = 2.0
+DEMAND_WINDOW_S = 60.0
+SHRINK_CHECK_S = 5.0
 
 
 class WarmPool:
@@ -45,11 +52,15 @@ class WarmPool:
         size: int,
         max_frame_bytes: int,
         start_concurrency: int = 0,
+        max_size: int = 0,
     ) -> None:
         self.backend = backend
         self.limits = limits
         self.profile = profile
         self.size = size
+        self.max_size = max(size, max_size)  # what demand may grow it to
+        self._recent_takes: deque[float] = deque()  # monotonic times, within BURST_S
+        self._bursts: deque[tuple[float, int]] = deque()  # (when, takes within BURST_S)
         self.max_frame_bytes = max_frame_bytes
         self._ready: deque[KernelClient] = deque()
         self._starting = 0
@@ -62,6 +73,12 @@ class WarmPool:
         self._image: Path | None = None  # the profile's checkpoint, once made
         self._no_template = False  # the backend can't checkpoint, or restoring failed
         self._closed = False
+        self._shrinking: set[asyncio.Task[ExitStep]] = set()
+        # Starts for waiting sessions in flight: refills hold back until they are done (on
+        # a few cores, a refill beside them makes every waiting session later).
+        self._missing = 0
+        self._no_misses = asyncio.Event()
+        self._no_misses.set()
         self.hits = 0
         self.misses = 0
         self.start_failures = 0
@@ -72,6 +89,24 @@ class WarmPool:
     @property
     def ready_count(self) -> int:
         return len(self._ready)
+
+    @property
+    def target(self) -> int:
+        """How many ready kernels the pool aims for: its size, or the largest recent burst
+        of takes, up to max_size."""
+        now = time.monotonic()
+        while self._bursts and now - self._bursts[0][0] > DEMAND_WINDOW_S:
+            self._bursts.popleft()
+        peak = max((count for _, count in self._bursts), default=0)
+        return max(self.size, min(self.max_size, peak))
+
+    def _count_take(self) -> None:
+        now = time.monotonic()
+        takes = self._recent_takes
+        takes.append(now)
+        while now - takes[0] > BURST_S:
+            takes.popleft()
+        self._bursts.append((now, len(takes)))
 
     def start(self) -> None:
         self._refill_task = asyncio.create_task(self._refill(), name="cloche-pool-refill")
@@ -90,6 +125,7 @@ class WarmPool:
         Raises:
             SandboxStartError: no sandbox could be started.
         """
+        self._count_take()
         while self._ready:
             kernel = self._ready.popleft()
             self._refill_soon()
@@ -101,7 +137,14 @@ class WarmPool:
             await kernel.close()
         self.misses += 1
         self._refill_soon()
-        kernel = await self._start_with_retries(urgent=True)
+        self._missing += 1
+        self._no_misses.clear()
+        try:
+            kernel = await self._start_with_retries(urgent=True)
+        finally:
+            self._missing -= 1
+            if not self._missing:
+                self._no_misses.set()
         kernel.sandbox.serving()
         return kernel
 
@@ -191,7 +234,10 @@ class WarmPool:
                 return None
             saving = time.perf_counter()
             try:
-                why = await asyncio.to_thread(kernel.sandbox.checkpoint, image)
+                # Uncompressed: a burst of misses restores it many times at once.
+                why = await asyncio.to_thread(
+                    functools.partial(kernel.sandbox.checkpoint, image, compressed=False)
+                )
             finally:
                 await kernel.close(why="checkpointed as the template")
             if why is not None:
@@ -221,9 +267,14 @@ class WarmPool:
         pending: set[asyncio.Task[None]] = set()
         try:
             while not self._closed:
-                await self._wanted.wait()
+                try:
+                    async with asyncio.timeout(SHRINK_CHECK_S):
+                        await self._wanted.wait()
+                except TimeoutError:
+                    self._shrink()
+                    continue
                 self._wanted.clear()
-                while len(self._ready) + self._starting < self.size and not self._closed:
+                while len(self._ready) + self._starting < self.target and not self._closed:
                     self._starting += 1
                     task = asyncio.create_task(self._add_one())
                     pending.add(task)
@@ -233,9 +284,21 @@ class WarmPool:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
+    def _shrink(self) -> None:
+        """Close ready kernels beyond the target (demand fell), the oldest first."""
+        excess = len(self._ready) - self.target
+        for _ in range(max(0, excess)):
+            kernel = self._ready.popleft()
+            task = asyncio.create_task(kernel.close(why="the pool shrank"))
+            self._shrinking.add(task)
+            task.add_done_callback(self._shrinking.discard)
+        if excess > 0:
+            log.info("pool shrank profile=%s ready=%d", self.profile.name, len(self._ready))
+
     async def _add_one(self) -> None:
         try:
             async with self._starts:
+                await self._no_misses.wait()
                 if self._closed:
                     return
                 try:
@@ -264,4 +327,6 @@ class WarmPool:
             await asyncio.gather(self._refill_task, return_exceptions=True)
         kernels = list(self._ready)
         self._ready.clear()
-        await asyncio.gather(*(k.close() for k in kernels), return_exceptions=True)
+        await asyncio.gather(
+            *(k.close() for k in kernels), *self._shrinking, return_exceptions=True
+        )

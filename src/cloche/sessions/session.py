@@ -200,10 +200,12 @@ class Session:
                 f"(limit {self._max_queued}); wait for them to finish"
             )
         self._waiting += 1
+        queued = time.perf_counter()
         try:
             await self._lock.acquire()
         finally:
             self._waiting -= 1
+        waited_s = time.perf_counter() - queued
         try:
             await self.wake()
             if not self.usable or self.kernel is None:
@@ -216,6 +218,7 @@ class Session:
             result = await self.kernel.execute(
                 code, timeout_s=timeout_s, on_event=on_event, silent=silent
             )
+            result.queue_wait_s = waited_s
             if before is not None and result.session_survived:
                 result.files = changed(before, await self._snapshot())
             self.execution_count = result.execution_count or self.execution_count

@@ -1,0 +1,34 @@
+"""With platform "auto", sandboxes started while many already run use ptrace instead of
+systrap (systrap's spinning hand-offs cost the most CPU when sandboxes outnumber cores),
+against real gVisor."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloche.sandbox import gvisor
+
+
+def platform_of(kernel) -> str:
+    args = kernel.sandbox.process.args
+    return next(a for a in args if a.startswith("--platform=")).removeprefix("--platform=")
+
+
+def test_few_sandboxes_run_on_the_chosen_platform(make_server):
+    server = make_server(pool_size=1)
+    runsc = server.server.backend.runsc
+    [kernel] = server.server.manager.pool._ready
+    assert platform_of(kernel) == runsc.platform
+
+
+def test_sandboxes_started_beyond_the_threshold_use_ptrace_and_work(make_server, monkeypatch):
+    monkeypatch.setattr(gvisor, "PTRACE_FROM_PER_CORE", 0)  # every start is "beyond"
+    server = make_server(pool_size=1)
+    if server.server.backend.runsc.platform != "systrap":
+        pytest.skip("this runsc has no systrap: every sandbox runs on ptrace already")
+    manager = server.server.manager
+    [kernel] = manager.pool._ready
+    assert platform_of(kernel) == "ptrace"
+    session_id = server.call(manager.create()).id
+    assert server.call(manager.execute(session_id, "6 * 7")).result_text == "42"
+    server.call(manager.close(session_id))
