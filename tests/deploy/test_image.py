@@ -122,3 +122,20 @@ def test_the_kubernetes_security_context_is_enough(run_container) -> None:
     with TCPClient("127.0.0.1", container.tcp_port) as client:
         sid = client.run("x = 20")["session_id"]
         assert client.run("x * 2 + 2", sid)["output"] == "42\n"
+
+
+def test_a_session_survives_docker_restart(run_container) -> None:
+    container = run_container(
+        "--cap-add",
+        "SYS_ADMIN",
+        "--security-opt",
+        "seccomp=unconfined",
+        env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
+    ).ready()
+    with TCPClient("127.0.0.1", container.tcp_port) as client:
+        sid = client.run("gen = iter(range(10)); next(gen)")["session_id"]
+    container.restart()  # SIGTERM pauses it to the volume; the new server resumes it
+    with TCPClient("127.0.0.1", container.tcp_port) as client:
+        reply = client.run("next(gen)", sid)
+    assert (reply["status"], reply["output"]) == ("ok", "1\n"), (reply, container.logs())
+    assert "session paused" in container.logs() and "session resumed" in container.logs()
