@@ -215,6 +215,8 @@ class GVisorSandbox(Sandbox):
         )
         self._mounted = False
         self.mounts = backend.mounts
+        self._counted = False  # in backend's count of live sandboxes
+        self.platform: str | None = None  # runsc's unless set (a restore is always runsc's)
 
     @property
     def disk(self) -> Path:
@@ -226,8 +228,6 @@ class GVisorSandbox(Sandbox):
         self.command = kernel_command(
             self.backend.python, str(Path(KERNEL_MOUNT).parent.parent), [RUNTIME_MOUNT, SITE_MOUNT]
         )
-        self._counted = False  # in backend's count of live sandboxes
-        self.platform: str | None = None  # runsc's unless set (a restore is always runsc's)
 
     @property
     def runsc(self) -> Runsc:
