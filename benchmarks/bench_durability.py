@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import platform
 import random
@@ -152,67 +153,99 @@ class ProfileRun:
     snapshot_size_bytes: list[int] = field(default_factory=list)
     snapshot_disk_bytes: list[int] = field(default_factory=list)
     paused_disk_bytes: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # steps the server failed, and why
+    rounds_ok: int = 0  # rounds after which the original session still answered
+    server_log_problems: list[str] = field(default_factory=list)  # its WARNING/ERROR lines
 
     def add(self, what: str, ms: float) -> None:
         self.samples_ms.setdefault(what, []).append(ms)
 
 
 def profile_latencies(api: Api, data_dir: Path, profile: str, count: int) -> ProfileRun:
-    """count rounds of warm cell, snapshot, pause, first cell, restore, fork 1, fork 10."""
+    """count rounds of warm cell, snapshot, pause, first cell, restore, fork 1, fork 10.
+
+    A step the server fails is recorded (run.failures) and the round goes on without it."""
     run = ProfileRun(profile)
-    session = api.create(profile=profile)
-    api.cell(session, "x = 41")
-    for _ in range(3):
-        api.expect(session, "x + 1", "42")
+
+    def fresh() -> str:
+        session = api.create(profile=profile)
+        api.cell(session, "x = 41")
+        for _ in range(3):
+            api.expect(session, "x + 1", "42")
+        return session
+
+    session = fresh()
     for round_ in range(count):
-        ms, _ = timed_ms(lambda: api.expect(session, "x + 1", "42"))
-        run.add("warm cell (baseline)", ms)
+        snapshot: dict[str, Any] | None = None
+        with failing(run, "snapshot, pause and resume"):
+            ms, _ = timed_ms(functools.partial(api.expect, session, "x + 1", "42"))
+            run.add("warm cell (baseline)", ms)
+            ms, snapshot = timed_ms(
+                functools.partial(api.call, "POST", f"/v1/sessions/{session}/snapshot")
+            )
+            assert snapshot is not None
+            run.add("snapshot", ms)
+            run.snapshot_size_bytes.append(int(snapshot["size_bytes"]))
+            run.snapshot_disk_bytes.append(disk_bytes(data_dir / "snapshots" / snapshot["id"]))
+            ms, paused = timed_ms(
+                functools.partial(api.call, "POST", f"/v1/sessions/{session}/pause")
+            )
+            if paused["state"] != "paused":
+                raise RuntimeError(f"pause answered {paused}")
+            run.add("pause", ms)
+            run.paused_disk_bytes.append(disk_bytes(data_dir / "sessions" / session))
+            ms, _ = timed_ms(functools.partial(api.expect, session, "x + 1", "42"))
+            run.add("resume on first cell", ms)
+            ms, _ = timed_ms(functools.partial(api.expect, session, "x + 1", "42"))
+            run.add("second cell after resume", ms)
 
-        ms, snapshot = timed_ms(lambda: api.call("POST", f"/v1/sessions/{session}/snapshot"))
-        run.add("snapshot", ms)
-        run.snapshot_size_bytes.append(int(snapshot["size_bytes"]))
-        run.snapshot_disk_bytes.append(disk_bytes(data_dir / "snapshots" / snapshot["id"]))
-
-        ms, paused = timed_ms(lambda: api.call("POST", f"/v1/sessions/{session}/pause"))
-        if paused["state"] != "paused":
-            raise RuntimeError(f"pause answered {paused}")
-        run.add("pause", ms)
-        run.paused_disk_bytes.append(disk_bytes(data_dir / "sessions" / session))
-        ms, _ = timed_ms(lambda: api.expect(session, "x + 1", "42"))
-        run.add("resume on first cell", ms)
-        ms, _ = timed_ms(lambda: api.expect(session, "x + 1", "42"))
-        run.add("second cell after resume", ms)
-
-        started = time.perf_counter()
-        restored = api.create(snapshot=snapshot["id"])
-        run.add("restore: POST /v1/sessions", (time.perf_counter() - started) * 1000)
-        api.expect(restored, "x + 1", "42")
-        run.add("restore + its first cell", (time.perf_counter() - started) * 1000)
-        api.delete(restored)
-        api.call("DELETE", f"/v1/snapshots/{snapshot['id']}")
+        if snapshot is not None:
+            with failing(run, "restore"):
+                started = time.perf_counter()
+                restored = api.create(snapshot=snapshot["id"])
+                run.add("restore: POST /v1/sessions", (time.perf_counter() - started) * 1000)
+                api.expect(restored, "x + 1", "42")
+                run.add("restore + its first cell", (time.perf_counter() - started) * 1000)
+                api.delete(restored)
+            with failing(run, "snapshot delete"):
+                api.call("DELETE", f"/v1/snapshots/{snapshot['id']}")
 
         for copies in (1, FORK_MANY):
-            fork = functools.partial(
-                api.call, "POST", f"/v1/sessions/{session}/fork", {"count": copies}
-            )
-            ms, forked = timed_ms(fork)
-            made = [s["id"] for s in forked["sessions"]]
-            if len(made) != copies:
-                raise RuntimeError(f"fork of {copies} made {len(made)}")
-            run.add(f"fork of {copies}: response", ms)
-            started = time.perf_counter()
-            api.expect(made[0], "x + 1", "42")
-            run.add(
-                f"fork of {copies}: first copy's first cell", (time.perf_counter() - started) * 1000
-            )
-            for copy in made[1:]:
-                api.expect(copy, "x + 1", "42")
-            for copy in made:
-                api.delete(copy)
-        api.expect(session, "x + 1", "42")  # the original is unaffected
-        log(f"  {profile}: round {round_ + 1}/{count} done")
+            with failing(run, f"fork of {copies}"):
+                fork = functools.partial(
+                    api.call, "POST", f"/v1/sessions/{session}/fork", {"count": copies}
+                )
+                ms, forked = timed_ms(fork)
+                made = [s["id"] for s in forked["sessions"]]
+                if len(made) != copies:
+                    raise RuntimeError(f"fork of {copies} made {len(made)}")
+                run.add(f"fork of {copies}: response", ms)
+                started = time.perf_counter()
+                api.expect(made[0], "x + 1", "42")
+                first_ms = (time.perf_counter() - started) * 1000
+                run.add(f"fork of {copies}: first copy's first cell", first_ms)
+                for copy in made[1:]:
+                    api.expect(copy, "x + 1", "42")
+                for copy in made:
+                    api.delete(copy)
+        with failing(run, "the original after the round"):
+            api.expect(session, "x + 1", "42")  # the original is unaffected
+            run.rounds_ok += 1
+        if run.failures and run.failures[-1].startswith("the original"):
+            session = fresh()
+        log(f"  {profile}: round {round_ + 1}/{count} done ({len(run.failures)} failures so far)")
     api.delete(session)
     return run
+
+
+@contextmanager
+def failing(run: ProfileRun, step: str) -> Iterator[None]:
+    """Record a failure of the server in step, and go on."""
+    try:
+        yield
+    except (RuntimeError, httpx.HTTPError) as exc:
+        run.failures.append(f"{step}: {exc}")
+        log(f"  {run.profile}: FAILED {step}: {exc}")
 
 
 def latencies(base: Path, lean: int, data: int) -> list[ProfileRun]:
@@ -225,7 +258,20 @@ def latencies(base: Path, lean: int, data: int) -> list[ProfileRun]:
                 api.server.wait_pooled(profile, 1)
                 log(f"latencies: {profile} session, {count} rounds")
                 runs.append(profile_latencies(api, data_dir, profile, count))
+        problems = problem_lines(api.server)
+        for run in runs:
+            run.server_log_problems = problems
     return runs
+
+
+def problem_lines(server: Serve, most: int = 40) -> list[str]:
+    """The server log's WARNING and ERROR lines (and tracebacks' last lines), the first few."""
+    found = [
+        line
+        for line in server.log().splitlines()
+        if " WARNING " in line or " ERROR " in line or line.startswith(("Traceback", "cloche."))
+    ]
+    return found[:most]
 
 
 # -- 2. restart with N live sessions ------------------------------------------------------------
@@ -243,6 +289,7 @@ class RestartRun:
     all_answered_s: float = 0.0  # the new server's start to the last of N first cells
     first_cell_ms: list[float] = field(default_factory=list)
     second_stop_s: float = 0.0  # SIGTERM of the new server (pausing the N again)
+    failures: list[str] = field(default_factory=list)
 
 
 def create_holding(api: Api, count: int) -> dict[str, str]:
@@ -286,12 +333,17 @@ def restart(base: Path, count: int) -> RestartRun:
         run.listening_s = time.perf_counter() - started
         api = Api(second)
 
-        def answer(item: tuple[str, str]) -> float:
-            ms, _ = timed_ms(lambda: api.expect(item[0], "v", item[1]))
+        def answer(item: tuple[str, str]) -> float | None:
+            try:
+                ms, _ = timed_ms(functools.partial(api.expect, item[0], "v", item[1]))
+            except (RuntimeError, httpx.HTTPError) as exc:
+                run.failures.append(f"first cell of {item[0]}: {exc}")
+                return None
             return ms
 
         with ThreadPoolExecutor(ANSWER_WORKERS) as pool:
-            run.first_cell_ms = list(pool.map(answer, held.items()))
+            answered = list(pool.map(answer, held.items()))
+        run.first_cell_ms = [ms for ms in answered if ms is not None]
         run.all_answered_s = time.perf_counter() - started
         api.close()
         log("restart: all answered; SIGTERM of the new server")
@@ -316,6 +368,7 @@ class PageOutRun:
     disk_bytes: int = 0  # under --data-dir/sessions
     data_dir_metric_bytes: int = 0  # cloche_data_dir_bytes
     wake_ms: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
     @property
     def ram_per_session_kib(self) -> float:
@@ -374,7 +427,11 @@ def page_out(base: Path, count: int, wake: int, data_max_mib: int) -> PageOutRun
         run.data_dir_metric_bytes = int(api.metric("cloche_data_dir_bytes"))
         log(f"page-out: all {count} paused; waking {wake}")
         for session in random.Random(12).sample(sorted(held), min(wake, count)):
-            ms, _ = timed_ms(functools.partial(api.expect, session, "v", held[session]))
+            try:
+                ms, _ = timed_ms(functools.partial(api.expect, session, "v", held[session]))
+            except (RuntimeError, httpx.HTTPError) as exc:
+                run.failures.append(f"wake {session}: {exc}")
+                continue
             run.wake_ms.append(ms)
     return run
 
@@ -406,6 +463,8 @@ def fmt(value: float) -> str:
 
 def verdict(measured: float, target: float, unit: str, at_least: bool = False) -> str:
     """met/MISSED with the ratio of measured to target."""
+    if math.isnan(measured):
+        return "NO SAMPLE: every attempt failed"
     ratio = measured / target
     ok = measured >= target if at_least else measured <= target
     if ok:
@@ -421,7 +480,8 @@ def verdicts(
     by = {run.profile: run for run in runs}
 
     def p50(profile: str, what: str) -> float:
-        return Summary.of(by[profile].samples_ms[what]).p50
+        samples = by[profile].samples_ms.get(what)
+        return Summary.of(samples).p50 if samples else math.nan
 
     if "lean" in by:
         for what, target in (("pause", 300.0), ("resume on first cell", 400.0)):
@@ -492,6 +552,9 @@ def measurement_rows(
     rows: list[list[str]] = []
 
     def add(what: str, unit: str, samples: list[float]) -> None:
+        if not samples:
+            rows.append([what, unit, "0", "-", "-", "-", "-"])
+            return
         s = Summary.of(samples)
         p90 = fmt(s.p90) if s.n >= 5 else "-"
         rows.append([what, unit, str(s.n), fmt(s.p50), p90, fmt(s.min), fmt(s.max)])
@@ -499,12 +562,13 @@ def measurement_rows(
     for run in runs:
         for what, samples in run.samples_ms.items():
             add(f"{run.profile}: {what}", "ms", samples)
-        many = run.samples_ms[f"fork of {FORK_MANY}: response"]
-        add(
-            f"{run.profile}: fork of {FORK_MANY}: copies/s",
-            "/s",
-            [FORK_MANY * 1000 / ms for ms in many],
-        )
+        many = run.samples_ms.get(f"fork of {FORK_MANY}: response", [])
+        if many:
+            add(
+                f"{run.profile}: fork of {FORK_MANY}: copies/s",
+                "/s",
+                [FORK_MANY * 1000 / ms for ms in many],
+            )
         add(
             f"{run.profile}: snapshot size_bytes", "MiB", [b / MIB for b in run.snapshot_size_bytes]
         )
@@ -627,18 +691,22 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[ProfileRun] = []
     restarted: RestartRun | None = None
     paged: PageOutRun | None = None
+    broken: list[str] = []  # parts that could not finish, and why
     with scratch_dir() as base:
         disk_free = shutil.disk_usage(base).free
         foreign.update(foreign_runsc(base))
         if "latency" in args.parts:
-            runs = latencies(base, args.lean, args.data)
+            with part_failing(broken, "latency"):
+                runs = latencies(base, args.lean, args.data)
             foreign.update(foreign_runsc(base))
         if "restart" in args.parts:
-            restarted = restart(base, args.restart)
-        foreign.update(foreign_runsc(base))
+            with part_failing(broken, "restart"):
+                restarted = restart(base, args.restart)
+            foreign.update(foreign_runsc(base))
         if "pageout" in args.parts:
-            paged = page_out(base, args.page_out, args.wake, args.data_max_mib)
-        foreign.update(foreign_runsc(base))
+            with part_failing(broken, "pageout"):
+                paged = page_out(base, args.page_out, args.wake, args.data_max_mib)
+            foreign.update(foreign_runsc(base))
         left = leftovers(base)
     if base.exists():
         left.append(f"directory: {base}")
@@ -657,7 +725,19 @@ def main(argv: list[str] | None = None) -> int:
     if restarted is not None:
         notes.append(
             f"Restart: {restarted.shutdown_pauses} of {restarted.sessions} sessions logged "
-            "`session paused reason=shutdown`; every one answered its first cell with its value."
+            f"`session paused reason=shutdown`; {len(restarted.first_cell_ms)} answered their "
+            "first cell with their value."
+        )
+    if restarted is not None and restarted.failures:
+        notes.append(f"Restart: {len(restarted.failures)} failed: " + "; ".join(restarted.failures))
+    if paged is not None and paged.failures:
+        notes.append(f"Page-out: {len(paged.failures)} failed: " + "; ".join(paged.failures))
+    notes += [f"PART NOT FINISHED: {why}" for why in broken]
+    for run in runs:
+        notes.append(
+            f"{run.profile}: {run.rounds_ok} of the rounds ended with the original session "
+            f"answering; {len(run.failures)} steps failed"
+            + (": " + "; ".join(run.failures) if run.failures else ".")
         )
     print()
     print(render(verdict_rows, rows, notes, markdown=False))
@@ -680,6 +760,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency": [asdict(run) for run in runs],
         "restart": asdict(restarted) if restarted is not None else None,
         "page_out": asdict(paged) if paged is not None else None,
+        "parts_not_finished": broken,
         "verdicts": [dict(zip(TARGET_HEADER, row, strict=True)) for row in verdict_rows],
     }
     (args.out / "durability.json").write_text(json.dumps(raw, indent=1) + "\n")
@@ -689,6 +770,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("clean-up: nothing of this run left (no runsc process, mount, cgroup or file)")
     return 0
+
+
+@contextmanager
+def part_failing(broken: list[str], part: str) -> Iterator[None]:
+    """A part that fails is reported, and the others still run."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - reported in the results, not hidden
+        broken.append(f"{part}: {type(exc).__name__}: {exc}")
+        log(f"PART {part} FAILED: {exc}")
 
 
 def fmt_load(load: tuple[float, float, float]) -> str:
