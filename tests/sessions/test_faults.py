@@ -99,7 +99,7 @@ def runsc_processes(root: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_thousand_create_close_cycles_leak_nothing(make_server):
-    server = make_server(pool_size=4)
+    server = make_server(pool_size=4, pool_max=4)  # a pool that never grows: compare at rest
     manager = server.server.manager
     state = server.server.backend.state.path
     instance = server.server.backend.state.instance
