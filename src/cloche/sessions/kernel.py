@@ -437,6 +437,7 @@ class KernelClient:
 
         A cell still running ends as KILLED, its message saying `why`.
         """
+        running = self.alive  # not dead already: whatever ends it now is this close
         self.alive = False
         if self.death is None:
             self.death = why
@@ -454,8 +455,11 @@ class KernelClient:
             self._reader.close()  # before the sandbox's pipes are closed under it
         if self._exit_step is None:
             step = await asyncio.to_thread(self.sandbox.close, grace_s)
-            # Killed by the interrupt's ladder while the close waited: say so.
-            self._exit_step = ExitStep.KILLED if self.killing and step is ExitStep.CLOSED else step
+            if self.killing and step is ExitStep.CLOSED:
+                step = ExitStep.KILLED  # by the interrupt's ladder, while the close waited
+            elif running and step is ExitStep.EXITED:
+                step = ExitStep.CLOSED  # it read the EOF and was gone before the ladder looked
+            self._exit_step = step
         return self._exit_step
 
 
