@@ -88,6 +88,9 @@ def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
     limits = overrides.pop("limits", Limits(cell_timeout_s=20.0, interrupt_grace_s=1.0))
     if "data_dir" not in overrides:
         overrides["data_dir"] = fresh_data_dir(state_dir)
+    # Pools keep their size in tests (what is held at rest is counted); a test of growth
+    # asks for it with pool_max.
+    overrides.setdefault("pool_max", 0)
     config = ServerConfig(
         tcp_port=0,
         http_port=0,

@@ -33,6 +33,7 @@ def default_server(state_root) -> Iterator[ServerThread]:
         state_root,
         pool_size=defaults.pool_size,
         data_pool_size=defaults.data_pool_size,
+        pool_max=defaults.pool_max,
         limits=Limits(),
     )
     with ServerThread(config) as server:
