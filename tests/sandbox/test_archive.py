@@ -12,6 +12,14 @@ import pytest
 from cloche.sandbox import archive
 
 
+@pytest.fixture(autouse=True, params=["filters", "no-filters"])
+def python_with_or_without_tar_filters(request, monkeypatch):
+    """Each test twice: with tarfile's filters (3.11.4+), and as on a Python without them
+    (Debian bookworm's 3.11.2, the container image's)."""
+    if request.param == "no-filters":
+        monkeypatch.delattr(tarfile, "data_filter")
+
+
 def test_files_links_and_fifos_come_back_owned_by_the_sandbox(tmp_path):
     source = tmp_path / "disk"
     (source / "work" / "sub").mkdir(parents=True)

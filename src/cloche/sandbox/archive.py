@@ -7,6 +7,7 @@ refuses anything that would land outside the destination, whatever the archive s
 
 from __future__ import annotations
 
+import copy
 import os
 import tarfile
 from pathlib import Path
@@ -49,4 +50,36 @@ def unpack(archive: Path, directory: Path, uid: int, gid: int) -> None:
         return kept.replace(uid=uid, gid=gid, uname="", gname="", deep=False)
 
     with tarfile.open(archive, mode="r:") as tar:
+        if not hasattr(tarfile, "data_filter"):  # Python before 3.11.4 (Debian bookworm's)
+            for member in tar:
+                tar.extract(_confined(member, directory, uid, gid), directory, numeric_owner=True)  # noqa: S202
+            return
         tar.extractall(directory, filter=confine, numeric_owner=True)  # noqa: S202  # confined
+
+
+def _confined(member: tarfile.TarInfo, dest: Path, uid: int, gid: int) -> tarfile.TarInfo:
+    """What tarfile.data_filter checks, for Pythons without it (and without TarInfo.replace):
+    the entry's path, through the links already laid out, stays in dest; hard links point
+    inside; no devices; no setuid bits. Symlinks may point anywhere: they are followed only
+    inside the sandbox.
+
+    Raises:
+        tarfile.TarError: the entry is refused.
+    """
+    root = os.path.realpath(dest)
+
+    def inside(name: str) -> bool:
+        path = os.path.realpath(os.path.join(root, name.lstrip("/")))
+        return os.path.commonpath([root, path]) == root
+
+    if not inside(member.name) or (member.islnk() and not inside(member.linkname)):
+        raise tarfile.TarError(f"{member.name!r} would land outside {dest}")
+    if member.ischr() or member.isblk():
+        raise tarfile.TarError(f"{member.name!r} is a device")
+    kept = copy.copy(member)
+    kept.name = member.name.lstrip("/")
+    if member.islnk():
+        kept.linkname = member.linkname.lstrip("/")
+    kept.mode = member.mode & 0o755
+    kept.uid, kept.gid, kept.uname, kept.gname = uid, gid, "", ""
+    return kept
