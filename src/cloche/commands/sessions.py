@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from cloche.client.aio import SessionInfo, SnapshotInfo
@@ -128,22 +129,22 @@ def _fork(args: argparse.Namespace) -> int:
     return 0
 
 
-@reports_errors("sessions pause")
-def _pause(args: argparse.Namespace) -> int:
-    with client_of(args) as client:
-        for session_id in args.ids:
-            client.session(session_id).pause()
-            print(f"paused {session_id}")
-    return 0
+def _each(verb: str, done: str) -> Callable[[argparse.Namespace], int]:
+    """A command that calls Session.<verb>() on each id given."""
+
+    @reports_errors(f"sessions {verb}")
+    def command(args: argparse.Namespace) -> int:
+        with client_of(args) as client:
+            for session_id in args.ids:
+                getattr(client.session(session_id), verb)()
+                print(f"{done} {session_id}")
+        return 0
+
+    return command
 
 
-@reports_errors("sessions resume")
-def _resume(args: argparse.Namespace) -> int:
-    with client_of(args) as client:
-        for session_id in args.ids:
-            client.session(session_id).resume()
-            print(f"resumed {session_id}")
-    return 0
+_pause = _each("pause", "paused")
+_resume = _each("resume", "resumed")
 
 
 def snapshot_json(info: SnapshotInfo) -> dict[str, Any]:
