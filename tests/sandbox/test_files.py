@@ -15,9 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cloche.errors import PathNotFound, PathRefused, SessionError
+from cloche.protocol.paths import normalise
 from cloche.sandbox import files as files_module
 from cloche.sandbox.bundle import SANDBOX_GID, SANDBOX_UID
-from cloche.sandbox.files import FileInfo, WorkdirFiles, changed, normalise
+from cloche.sandbox.files import FileInfo, WorkdirFiles, changed
 
 LIMIT_BYTES = 1024
 SECRET = b"host secret, never to be read"

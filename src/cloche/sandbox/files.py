@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import NoReturn, Protocol
 
 from cloche.errors import PathNotFound, PathRefused
+from cloche.protocol.paths import MAX_PATH_BYTES, normalise
 
-MAX_PATH_BYTES = 4096  # PATH_MAX
-MAX_NAME_BYTES = 255  # NAME_MAX
 MAX_WALK_ENTRIES = 10_000  # directory entries looked at by one list() or snapshot()
 MAX_WALK_DEPTH = 32  # directories deeper are not walked (each level holds two fds)
 DIR_MODE = 0o755
@@ -67,47 +66,6 @@ class FileListing:
 
     files: tuple[FileInfo, ...]
     truncated: bool  # the walk hit MAX_WALK_ENTRIES or MAX_WALK_DEPTH: there may be more
-
-
-def normalise(relative: str) -> str:
-    """Check a client's relative path and put it in canonical form.
-
-    ``"./a//b/"`` becomes ``"a/b"``. Nothing that could leave the working directory
-    gets through, but the result is only safe to use with this module's confined
-    walk, which also refuses symlinks.
-
-    Args:
-        relative: A POSIX path relative to the working directory.
-
-    Returns:
-        The components joined by single slashes, without ``.`` or empty ones.
-
-    Raises:
-        PathRefused: The path is empty, absolute, has a ``..`` component or a NUL
-            byte, isn't valid UTF-8, or is longer than PATH_MAX (4096 bytes) or has
-            a component longer than NAME_MAX (255 bytes).
-    """
-    if not relative:
-        raise PathRefused(relative, "it is empty")
-    if "\0" in relative:
-        raise PathRefused(relative, "it contains a NUL byte")
-    if relative.startswith("/"):
-        raise PathRefused(relative, "it is absolute; give a path relative to the working directory")
-    try:
-        encoded = relative.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PathRefused(relative, "it is not valid UTF-8") from None
-    if len(encoded) > MAX_PATH_BYTES:
-        raise PathRefused(relative, f"it is longer than {MAX_PATH_BYTES} bytes")
-    parts = [part for part in relative.split("/") if part not in ("", ".")]
-    if ".." in parts:
-        raise PathRefused(relative, "it has a '..' component")
-    if not parts:
-        raise PathRefused(relative, "it names the working directory itself, not a file")
-    for part in parts:
-        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
-            raise PathRefused(relative, f"a component is longer than {MAX_NAME_BYTES} bytes")
-    return "/".join(parts)
 
 
 def changed(before: Snapshot, after: Snapshot) -> list[str]:
@@ -414,6 +372,87 @@ class WorkdirFiles:
         self.last_walk_entries = seen
         found.sort(key=lambda item: item[0])
         return found, truncated
+
+
+class StreamedFile:
+    """A file written in pieces at the root of a working directory (a context, an upload of
+    unknown size): to a fresh temporary name, renamed into place by `finish`. Blocking
+    methods; `discard` always, after `finish` or instead of it."""
+
+    def __init__(self, files: WorkdirFiles, name: str) -> None:
+        if "/" in normalise(name):  # opened relative to the root: no directory to walk
+            raise PathRefused(name, "a streamed file goes at the root of the working directory")
+        self.files = files
+        self.name = name
+        self.size = 0
+        self._root = -1
+        self._fd = -1
+        self._temp: str | None = None
+
+    def open(self) -> None:
+        self._root = os.open(self.files.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        for _ in range(_TEMP_ATTEMPTS):
+            temp = f".cloche-{secrets.token_hex(8)}.tmp"
+            try:
+                self._fd = os.open(temp, _CREATE_FLAGS, 0o600, dir_fd=self._root)
+            except FileExistsError:
+                continue  # the sandbox is squatting names; draw another
+            except OSError as exc:
+                raise self._refused(exc) from exc
+            self._temp = temp
+            return
+        raise PathRefused(self.name, "no free temporary name in the working directory")
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.files.max_file_bytes:
+            raise PathRefused(
+                self.name,
+                f"it is over {self.files.max_file_bytes} bytes, the size of the working "
+                "directory (--disk-mib)",
+            )
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            raise self._refused(exc) from exc
+
+    def finish(self) -> None:
+        """Give the file to the sandbox's user and rename it into place."""
+        uid, gid = self.files.uid, self.files.gid
+        if uid is not None or gid is not None:
+            os.fchown(self._fd, uid if uid is not None else -1, gid if gid is not None else -1)
+        os.fchmod(self._fd, FILE_MODE)
+        os.close(self._fd)
+        self._fd = -1
+        assert self._temp is not None
+        try:
+            # rename replaces whatever the sandbox put there (a symlink too): never follows it.
+            os.rename(self._temp, self.name, src_dir_fd=self._root, dst_dir_fd=self._root)
+        except OSError as exc:
+            raise self._refused(exc) from exc
+        self._temp = None
+
+    def discard(self) -> None:
+        """Close what is open, and remove the temporary file if it is still ours."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._temp is not None:
+            try:
+                os.unlink(self._temp, dir_fd=self._root)
+            except OSError:
+                pass
+            self._temp = None
+        if self._root >= 0:
+            os.close(self._root)
+            self._root = -1
+
+    def _refused(self, exc: OSError) -> PathRefused:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return PathRefused(self.name, "the working directory is full; raise --disk-mib")
+        return PathRefused(self.name, f"it can't be written: {exc.strerror}")
 
 
 def _lstat(parent: int, name: str) -> os.stat_result | None:

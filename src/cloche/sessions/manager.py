@@ -15,7 +15,7 @@ import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +38,9 @@ from cloche.errors import (
 from cloche.packages.bridge import KernelPip
 from cloche.packages.installer import Installer
 from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, file_profiles
+from cloche.protocol.paths import normalise
 from cloche.sandbox.base import Backend
-from cloche.sandbox.files import WorkdirFiles
+from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
 from cloche.server.metrics import Metrics
 from cloche.sessions.durable import Checkpoints
 from cloche.sessions.kernel import EventCallback, KernelClient
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cloche.session")
 
 InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
+STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
 PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
 
@@ -84,9 +86,13 @@ class SessionManager(abc.ABC):
         """
 
     @abc.abstractmethod
-    def get(self, session_id: str, owner: str | None = None) -> SessionInfo:
+    async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
         """Raises SessionNotFound for an unknown id or another owner's session, SessionLost
-        for one that was live when a previous server died."""
+        for one that was live when a previous server died (or whose node failed)."""
+
+    @abc.abstractmethod
+    async def sessions(self, owner: str | None = None) -> list[SessionInfo]:
+        """The owner's sessions."""
 
     # -- durability -----------------------------------------------------------------------
 
@@ -102,11 +108,11 @@ class SessionManager(abc.ABC):
         """
 
     @abc.abstractmethod
-    def snapshots(self, owner: str | None = None) -> builtins.list[SnapshotRecord]:
+    async def snapshots(self, owner: str | None = None) -> builtins.list[SnapshotRecord]:
         """The owner's snapshots, oldest first."""
 
     @abc.abstractmethod
-    def get_snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
+    async def get_snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
         """Raises SnapshotNotFound for an unknown id or another owner's snapshot."""
 
     @abc.abstractmethod
@@ -133,10 +139,6 @@ class SessionManager(abc.ABC):
     @abc.abstractmethod
     async def resume(self, session_id: str, owner: str | None = None) -> SessionInfo:
         """Bring a paused session back now (any request to it does so by itself)."""
-
-    @abc.abstractmethod
-    def list(self, owner: str | None = None) -> list[SessionInfo]:
-        """The owner's sessions."""
 
     @abc.abstractmethod
     async def execute(
@@ -177,12 +179,40 @@ class SessionManager(abc.ABC):
         )
         return info.id, result
 
+    # -- the working directory: a paused session is brought back first -------------------
+
     @abc.abstractmethod
-    async def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
-        """The session's working directory (blocking methods: call them in a thread); a
-        paused session is brought back first.
+    async def list_files(self, session_id: str, owner: str | None = None) -> FileListing:
+        """The regular files of the session's working directory.
 
         Raises:
+            SessionNotFound: unknown id or another owner's session.
+        """
+
+    @abc.abstractmethod
+    async def read_file(self, session_id: str, path: str, owner: str | None = None) -> bytes:
+        """A file of the working directory. Raises PathRefused, PathNotFound, SessionNotFound."""
+
+    @abc.abstractmethod
+    async def write_files(
+        self, session_id: str, files: Sequence[tuple[str, bytes]], owner: str | None = None
+    ) -> None:
+        """Create or replace files (path, content), in order. Raises PathRefused (then the
+        files before the refused one are written), SessionNotFound."""
+
+    @abc.abstractmethod
+    async def write_stream(
+        self,
+        session_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        owner: str | None = None,
+    ) -> int:
+        """Create or replace a file at the root of the working directory from chunks of
+        unknown total size; its size in bytes. Nothing is left of it when it fails.
+
+        Raises:
+            PathRefused: a bad name, over the size of the working directory, or disk full.
             SessionNotFound: unknown id or another owner's session.
         """
 
@@ -521,10 +551,18 @@ class LocalSessionManager(SessionManager):
             raise SessionNotFound(session_id)
         return session
 
+    async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        return self.get(session_id, owner)
+
+    async def sessions(self, owner: str | None = None) -> list[SessionInfo]:
+        return self.list(owner)
+
     def get(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        """`info`, for code on the server's own loop (and tests)."""
         return self._find(session_id, owner).info()
 
     def list(self, owner: str | None = None) -> list[SessionInfo]:
+        """`sessions`, for code on the server's own loop (and tests)."""
         key = owner_key(owner)
         return [s.info() for s in self._sessions.values() if s.owner_key == key and s.usable]
 
@@ -579,11 +617,53 @@ class LocalSessionManager(SessionManager):
         return session.interrupt()
 
     async def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
+        """The working directory itself (blocking methods: call them in a thread)."""
         session = self._find(session_id, owner)
         await session.wake()
         if session.files is None:  # closed while it was being woken
             raise SessionNotFound(session_id)
         return session.files
+
+    async def list_files(self, session_id: str, owner: str | None = None) -> FileListing:
+        files = await self.files(session_id, owner)
+        return await asyncio.to_thread(files.list)
+
+    async def read_file(self, session_id: str, path: str, owner: str | None = None) -> bytes:
+        files = await self.files(session_id, owner)
+        return await asyncio.to_thread(files.read, path)
+
+    async def write_files(
+        self, session_id: str, files: Sequence[tuple[str, bytes]], owner: str | None = None
+    ) -> None:
+        workdir = await self.files(session_id, owner)
+
+        def write_all() -> None:
+            for path, data in files:
+                workdir.write(path, data)
+
+        await asyncio.to_thread(write_all)
+
+    async def write_stream(
+        self,
+        session_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        owner: str | None = None,
+    ) -> int:
+        streamed = StreamedFile(await self.files(session_id, owner), normalise(path))
+        await asyncio.to_thread(streamed.open)
+        try:
+            buffer = bytearray()
+            async for chunk in chunks:
+                buffer += chunk
+                if len(buffer) >= STREAM_FLUSH_BYTES:
+                    await asyncio.to_thread(streamed.write, bytes(buffer))
+                    buffer.clear()
+            await asyncio.to_thread(streamed.write, bytes(buffer))
+            await asyncio.to_thread(streamed.finish)
+        finally:
+            await asyncio.to_thread(streamed.discard)
+        return streamed.size
 
     # -- pausing and resuming -----------------------------------------------------------
 
@@ -730,25 +810,28 @@ class LocalSessionManager(SessionManager):
         log.info("snapshot id=%s session=%s bytes=%d", snapshot_id, session_id, record.size_bytes)
         return record
 
-    def snapshots(self, owner: str | None = None) -> builtins.list[SnapshotRecord]:
+    async def snapshots(self, owner: str | None = None) -> builtins.list[SnapshotRecord]:
         key = owner_key(owner)
         found = [r for r in self._snapshots.values() if r.owner_key == key]
         return sorted(found, key=lambda r: r.created_at)
 
-    def get_snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
+    async def get_snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
+        return self._snapshot(snapshot_id, owner)
+
+    def _snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
         record = self._snapshots.get(snapshot_id)
         if record is None or record.owner_key != owner_key(owner):
             raise SnapshotNotFound(snapshot_id)
         return record
 
     async def delete_snapshot(self, snapshot_id: str, owner: str | None = None) -> None:
-        self.get_snapshot(snapshot_id, owner)
+        self._snapshot(snapshot_id, owner)
         del self._snapshots[snapshot_id]
         await asyncio.to_thread(self.store.remove, self.store.snapshot_dir(snapshot_id))
         log.info("snapshot deleted id=%s", snapshot_id)
 
     async def _from_snapshot(self, snapshot_id: str, owner: str | None) -> Session:
-        record = self.get_snapshot(snapshot_id, owner)
+        record = self._snapshot(snapshot_id, owner)
         await self._room_for(1)
         started = time.perf_counter()
         kernel = await self._restore(

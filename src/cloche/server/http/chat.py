@@ -52,7 +52,7 @@ async def chat_completions(
         )
     query = _text(body.messages[-1])
     if x_cloche_session_id:
-        session_id = manager.get(x_cloche_session_id, owner).id
+        session_id = (await manager.info(x_cloche_session_id, owner)).id
         created = False
     else:
         session_id = (await manager.create(owner)).id

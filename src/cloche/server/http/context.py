@@ -36,7 +36,7 @@ async def put_session_context(
     owner: str | None = Depends(owner_of),
 ) -> dict[str, Any]:
     manager: SessionManager = request.app.state.manager
-    manager.get(session_id, owner)  # 404 before reading the body
+    await manager.info(session_id, owner)  # 404 before reading the body
     kind: ContextKind = format or (
         "json" if request.headers.get("content-type", "").startswith("application/json") else "text"
     )

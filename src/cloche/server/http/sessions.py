@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from cloche.config import Limits
 from cloche.errors import ClocheError, PathRefused, UnknownProfile
 from cloche.llm.context import put_context_value
-from cloche.sandbox.files import normalise
+from cloche.protocol.paths import normalise
 from cloche.server.http.auth import owner_of
 from cloche.server.http.models import (
     ErrorBody,
@@ -98,9 +98,7 @@ async def create_session(
         )
     info = await manager.create(owner, profile=body.profile, snapshot=body.snapshot)
     try:
-        files = await manager.files(info.id, owner)
-        for name, data in inputs:
-            await asyncio.to_thread(files.write, name, data)
+        await manager.write_files(info.id, inputs, owner)
         if body.env:
             setup = f"import os\nos.environ.update({json.dumps(body.env)})"
             # Silent: nothing left in the user's namespace, and the first cell is still 1.
@@ -115,19 +113,19 @@ async def create_session(
         raise
     if body.timeout is not None:
         request.app.state.session_timeouts[info.id] = min(body.timeout, limits.cell_timeout_s)
-    return _describe(request, manager.get(info.id, owner))
+    return _describe(request, await manager.info(info.id, owner))
 
 
 @router.get("", response_model=SessionList, summary="The caller's sessions")
 async def list_sessions(request: Request, owner: str | None = Depends(owner_of)) -> dict[str, Any]:
-    return {"sessions": [_describe(request, i) for i in _manager(request).list(owner)]}
+    return {"sessions": [_describe(request, i) for i in await _manager(request).sessions(owner)]}
 
 
 @router.get("/{session_id}", response_model=SessionOut, summary="One session")
 async def get_session(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    return _describe(request, _manager(request).get(session_id, owner))
+    return _describe(request, await _manager(request).info(session_id, owner))
 
 
 @router.delete("/{session_id}", status_code=204, summary="Close a session")
@@ -157,7 +155,7 @@ async def execute(
     owner: str | None = Depends(owner_of),
 ) -> Any:
     manager = _manager(request)
-    manager.get(session_id, owner)  # 404 now, not inside a stream
+    await manager.info(session_id, owner)  # 404 now, not inside a stream
     timeouts: dict[str, float] = request.app.state.session_timeouts
     timeout = body.timeout or timeouts.get(session_id)
     if _wants_stream(request, stream):
@@ -287,7 +285,7 @@ async def interrupt(
 async def list_files(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    listing = await asyncio.to_thread((await _manager(request).files(session_id, owner)).list)
+    listing = await _manager(request).list_files(session_id, owner)
     return {
         "files": [
             {"path": f.path, "size_bytes": f.size_bytes, "modified": f.modified}
@@ -306,7 +304,7 @@ async def list_files(
 async def download(
     session_id: str, path: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> Response:
-    data = await asyncio.to_thread((await _manager(request).files(session_id, owner)).read, path)
+    data = await _manager(request).read_file(session_id, path, owner)
     return Response(data, media_type="application/octet-stream")
 
 
@@ -314,7 +312,8 @@ async def download(
 async def upload(
     session_id: str, path: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> Response:
-    files = await _manager(request).files(session_id, owner)
+    manager = _manager(request)
+    await manager.info(session_id, owner)  # an unknown session is told before the body is read
     data = await request.body()
-    await asyncio.to_thread(files.write, path, data)
+    await manager.write_files(session_id, [(path, data)], owner)
     return Response(status_code=204)

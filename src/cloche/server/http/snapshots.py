@@ -88,14 +88,14 @@ async def resume_session(
 
 @router.get("/snapshots", response_model=SnapshotList, summary="The caller's snapshots")
 async def list_snapshots(request: Request, owner: str | None = Depends(owner_of)) -> dict[str, Any]:
-    return {"snapshots": [_snapshot_out(r) for r in _manager(request).snapshots(owner)]}
+    return {"snapshots": [_snapshot_out(r) for r in await _manager(request).snapshots(owner)]}
 
 
 @router.get("/snapshots/{snapshot_id}", response_model=SnapshotOut, summary="One snapshot")
 async def get_snapshot(
     snapshot_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    return _snapshot_out(_manager(request).get_snapshot(snapshot_id, owner))
+    return _snapshot_out(await _manager(request).get_snapshot(snapshot_id, owner))
 
 
 @router.delete("/snapshots/{snapshot_id}", status_code=204, summary="Delete a snapshot")

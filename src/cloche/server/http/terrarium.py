@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from cloche.errors import ClocheError, PathRefused
-from cloche.sandbox.files import WorkdirFiles, normalise
+from cloche.protocol.paths import normalise
 from cloche.server.http.auth import owner_of
 from cloche.server.http.errors import JSONLineResponse
 from cloche.server.http.models import TerrariumRequest, TerrariumResponse
@@ -60,28 +60,24 @@ async def run_once(
             return failure("parsing", f"file {item.filename!r}: b64_data is not valid base64", 400)
     info = await manager.create(owner, profile="data")
     try:
-        files = await manager.files(info.id, owner)
         try:
-            await asyncio.to_thread(_write_all, files, inputs)
+            await manager.write_files(info.id, inputs, owner)
         except PathRefused as exc:
             return failure("parsing", str(exc), 400)
         result = await manager.execute(info.id, body.code, owner=owner, track_files=True)
-        outputs = await asyncio.to_thread(_read_all, files, result.files)
+        outputs = await _read_all(manager, info.id, owner, result.files)
     finally:
         _discard(request, manager, info.id, owner)
     return JSONLineResponse(_answer(result, outputs))
 
 
-def _write_all(files: WorkdirFiles, inputs: list[tuple[str, bytes]]) -> None:
-    for name, data in inputs:
-        files.write(name, data)
-
-
-def _read_all(files: WorkdirFiles, names: list[str]) -> list[dict[str, str]]:
+async def _read_all(
+    manager: SessionManager, session_id: str, owner: str | None, names: list[str]
+) -> list[dict[str, str]]:
     out = []
     for name in names:
         try:
-            data = files.read(name)
+            data = await manager.read_file(session_id, name, owner)
         except (ClocheError, OSError) as exc:
             log.warning("output file %r not returned: %s", name, exc)
             continue
