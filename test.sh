@@ -3,7 +3,7 @@
 # Arguments are passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")"
-scripts/install.sh --dev
+scripts/install.sh --dev --cluster
 echo "== ruff" && .venv/bin/ruff check src tests benchmarks
 echo "== ruff format" && .venv/bin/ruff format --check src tests benchmarks
 echo "== mypy" && .venv/bin/mypy

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Installs what cloche needs on a Debian/Ubuntu machine, idempotently:
 #   runsc (gVisor), a virtualenv .venv with cloche, the sandbox runtime .runtime/.
-# Usage: scripts/install.sh [--dev]     (--dev adds ruff, mypy, pytest, ...)
+# Usage: scripts/install.sh [--dev] [--cluster]
+#   --dev adds ruff, mypy, pytest, ...; --cluster adds Ray (cloche[cluster], for --cluster)
 # Each step is skipped when already done, so a second run takes about a second.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 dev=0
-[ "${1:-}" = "--dev" ] && dev=1
+cluster=0
+for arg in "$@"; do
+    case "$arg" in
+        --dev) dev=1 ;;
+        --cluster) cluster=1 ;;
+        *) echo "usage: scripts/install.sh [--dev] [--cluster]" >&2; exit 2 ;;
+    esac
+done
 say() { printf '[install] %s\n' "$*" >&2; }
 
 # The oldest runsc we accept without trying to upgrade: the first with systrap and
@@ -120,8 +128,10 @@ stamp_write() {
 }
 
 install_venv() {
-    local py=$1 extras=""
-    [ "$dev" = 1 ] && extras="[dev]"
+    local py=$1 extras="" wanted=()
+    [ "$dev" = 1 ] && wanted+=(dev)
+    [ "$cluster" = 1 ] && wanted+=(cluster)
+    [ ${#wanted[@]} -gt 0 ] && extras="[$(IFS=,; echo "${wanted[*]}")]"
     if [ ! -x .venv/bin/python ]; then
         say "creating .venv with $py"
         "$py" -m venv .venv

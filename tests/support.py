@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,15 @@ def require_gvisor() -> None:
         pytest.fail("these tests need runsc and root: run ./test.sh, which installs runsc")
 
 
+def require_cluster() -> None:
+    """Cluster tests need runsc and Ray (./test.sh installs both): never skipped quietly."""
+    require_gvisor()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pytest.fail("cluster tests need Ray: run ./test.sh, which installs cloche[cluster]")
+
+
 class ServerThread:
     """A real cloche Server on its own event loop in a thread, on free ports."""
 
@@ -43,8 +53,8 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self._thread.start()
-        self.call(self.server.start())
-        self.call(self.server.manager.pool.wait_full())
+        self.call(self.server.start(), timeout_s=600)
+        self.call(self.server.manager.wait_ready("lean"), timeout_s=600)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -73,6 +83,24 @@ class ServerThread:
 
     def client(self) -> TCPClient:
         return TCPClient("127.0.0.1", self.tcp_port)
+
+
+def adopt(module_path: str, namespace: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+    """Run another module's tests here too, with the fixtures defined here after this call
+    (a cluster server instead of one machine, say): its test functions and fixtures are
+    copied into namespace, except the tests named in skip."""
+    import importlib.util
+
+    path = Path(__file__).parent / module_path
+    name = "adopted_" + module_path.replace("/", "_").removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for key, value in vars(module).items():
+        if key.startswith("__") or key in skip or key in namespace:
+            continue
+        namespace[key] = value
 
 
 def fresh_data_dir(state_dir: Path) -> Path:

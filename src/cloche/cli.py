@@ -166,6 +166,20 @@ SERVE_OPTIONS = (
         _config.connection_idle_timeout_s,
         "seconds a TCP connection may stay silent (or take to send a frame)",
     ),
+    _Option(
+        "--cluster",
+        str,
+        None,
+        "serve sessions held on the nodes of a Ray cluster (needs cloche[cluster]): local:N "
+        "starts one of N nodes here; auto joins this machine's; HOST:PORT or ray://HOST:PORT "
+        "a remote one",
+    ),
+    _Option(
+        "--cluster-agent-port",
+        int,
+        _config.cluster_agent_port,
+        "port of each node agent's data path in cluster mode (0: any free port)",
+    ),
     _Option("--state-dir", Path, default_state_dir(), "where per-server runsc state lives"),
     _Option(
         "--runtime-dir",
@@ -358,6 +372,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         llm=_llm_config(args),
         packages=_package_config(args),
         profiles_file=args.profiles,
+        cluster=args.cluster,
+        cluster_agent_port=args.cluster_agent_port,
     )
 
 

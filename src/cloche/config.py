@@ -135,3 +135,7 @@ class ServerConfig:
     llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off
     packages: PackageConfig = field(default_factory=PackageConfig)
     profiles_file: Path | None = None  # --profiles: TOML of profiles built from requirements
+    # --cluster: sessions on the nodes of a Ray cluster (local:N, auto, HOST:PORT, ray://...);
+    # None: in this process
+    cluster: str | None = None
+    cluster_agent_port: int = 7100  # each node agent's data path (0: any free port)

@@ -19,7 +19,8 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   └── KernelDied              it exited or broke the channel while in use
     ├── SessionError                a request about sessions can't be served
     │   ├── SessionNotFound         unknown, closed, expired, or someone else's
-    │   ├── SessionLost             it was live when its server died, or can't be resumed
+    │   ├── SessionLost             it was live when its server (or node) died, or can't be resumed
+    │   ├── SessionMoved            it now lives on another node (cluster front ends look again)
     │   ├── SessionBusy             its queue of waiting cells is full
     │   ├── TooManySessions         the server is at --max-sessions
     │   ├── UnknownProfile          no session profile of that name
@@ -29,6 +30,7 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   │   └── StorageFull         --data-dir is at its budget, or its disk is full
     │   ├── TooManyPausedSessions   --max-paused-sessions are already on disk
     │   ├── ForkRefused             a fork asked for no copies, or more than --max-fork
+    │   ├── NodeNotFound            no live node of that id in the cluster
     │   ├── Unauthorized            a token is required and was missing or wrong
     │   └── PathRefused             a path in a working directory can't be read or written
     │       └── PathNotFound        nothing is there
@@ -131,6 +133,14 @@ class SessionLost(SessionError):
         self.session_id = session_id
 
 
+class SessionMoved(SessionError):
+    """The session was moved to another node of the cluster (a drain); ask the directory."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"Session {session_id} moved to another node")
+        self.session_id = session_id
+
+
 class SessionBusy(SessionError):
     """Too many cells are already waiting for this session."""
 
@@ -169,6 +179,10 @@ class TooManyPausedSessions(SessionError):
 
 class ForkRefused(SessionError):
     """A fork asked for no copies, or more than --max-fork."""
+
+
+class NodeNotFound(SessionError):
+    """No live node of that id in the cluster (or not in cluster mode)."""
 
 
 class Unauthorized(SessionError):

@@ -80,6 +80,8 @@ def error_in(raw: dict[str, Any]) -> errors.ClocheError:
     exc: errors.ClocheError
     if kind is errors.SessionNotFound:
         exc = errors.SessionNotFound(raw["session_id"])
+    elif kind is errors.SessionMoved:
+        exc = errors.SessionMoved(raw["session_id"])
     elif kind is errors.SnapshotNotFound:
         exc = errors.SnapshotNotFound(raw["snapshot_id"])
     elif kind is errors.PathNotFound:

@@ -212,6 +212,10 @@ class Backend(abc.ABC):
         """Check the machine, clean a crashed run's leftovers, claim a state directory."""
         self.state.claim(self.clean_stale)
 
+    def sweep(self) -> None:
+        """Clean what stopped or crashed servers left under --state-dir, claiming nothing."""
+        self.state.sweep(self.clean_stale)
+
     @abc.abstractmethod
     def clean_stale(self, instance_dir: Path) -> None:
         """Remove what a previous (crashed) server left in instance_dir."""

@@ -176,6 +176,11 @@ class GVisorBackend(Backend):
     def create(self, limits: Limits) -> GVisorSandbox:
         return GVisorSandbox(self, self.new_id(), limits)
 
+    def sweep(self) -> None:
+        if self.runsc is None:
+            self.runsc = Runsc.find(self.config.state_dir / "runsc")
+        super().sweep()
+
     def clean_stale(self, instance_dir: Path) -> None:
         cgroups.thaw_all(f"cloche/{instance_dir.name}")  # sessions frozen when it died
         if self.runsc is not None:

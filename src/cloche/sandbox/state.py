@@ -10,6 +10,7 @@ side never touch each other's directories.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -43,6 +44,17 @@ class StateDir:
             if sibling.is_dir() and sibling != self.path:
                 self._clean_if_stale(sibling, clean_stale)
         self.path.mkdir(mode=0o700)
+
+    def sweep(self, clean_stale: Callable[[Path], None]) -> None:
+        """Clean every stale directory under the base without claiming one; remove the base
+        when nothing is left in it (a cluster's node directories, at the cluster's end)."""
+        if not self.base.is_dir():
+            return
+        for sibling in sorted(self.base.iterdir()):
+            if sibling.is_dir():
+                self._clean_if_stale(sibling, clean_stale)
+        with contextlib.suppress(OSError):
+            self.base.rmdir()
 
     def _clean_if_stale(self, directory: Path, clean_stale: Callable[[Path], None]) -> None:
         lock_path = directory.with_name(directory.name + ".lock")

@@ -6,12 +6,16 @@ import asyncio
 import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from cloche.config import ServerConfig
 from cloche.sandbox.base import Backend, create_backend
 from cloche.server.http import HTTPFrontEnd
 from cloche.server.tcp import TCPFrontEnd
 from cloche.sessions.manager import LocalSessionManager
+
+if TYPE_CHECKING:
+    from cloche.cluster.manager import ClusterSessionManager
 
 log = logging.getLogger("cloche.server")
 
@@ -27,8 +31,15 @@ class Server:
 
     def __init__(self, config: ServerConfig, backend: Backend | None = None) -> None:
         self.config = config
-        self.backend = backend or create_backend(config)
-        self.manager = LocalSessionManager(config, self.backend)
+        self.backend: Backend | None = None
+        self.manager: LocalSessionManager | ClusterSessionManager
+        if config.cluster:  # sessions on the nodes of a Ray cluster: no sandbox here
+            from cloche.cluster.manager import ClusterSessionManager
+
+            self.manager = ClusterSessionManager(config)
+        else:
+            self.backend = backend or create_backend(config)
+            self.manager = LocalSessionManager(config, self.backend)
         self.tcp = TCPFrontEnd(self.manager, config, self.manager.metrics)
         self.http: HTTPFrontEnd | None = None
         self._http_task: asyncio.Task[None] | None = None
@@ -55,7 +66,7 @@ class Server:
             self.tcp.port,
             self.config.host,
             self.http.port,
-            self.backend.describe(),
+            self.backend.describe() if self.backend else f"cluster {self.config.cluster}",
             self.config.pool_size,
         )
 
@@ -84,6 +95,9 @@ class Server:
             loop.add_signal_handler(sig, stop.set)
         try:
             await self.start()
+            if self.config.cluster:  # Ray's core put its own handlers in: ours again
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, stop.set)
             await stop.wait()
         finally:
             await self.stop()

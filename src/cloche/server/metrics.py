@@ -7,8 +7,8 @@ from the manager when scraped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -205,6 +205,10 @@ class Metrics:
         """Report the manager's live state (sessions, pools) at each scrape."""
         self.registry.register(_ManagerCollector(manager))
 
+    def watch_cluster(self, view: Callable[[], dict[str, Any] | None]) -> None:
+        """Report each node of a cluster (labelled `node`) at each scrape."""
+        self.registry.register(_ClusterCollector(view))
+
     def cell_finished(self, result: CellResult, seconds: float) -> None:
         status = result.status.value
         self.cells.labels(status).inc()
@@ -274,3 +278,40 @@ class _ManagerCollector(Collector):
         yield hits
         yield misses
         yield target
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, view: Callable[[], dict[str, Any] | None]) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        view = self.view() or {"nodes": []}
+        up = GaugeMetricFamily(
+            "cloche_cluster_node_up",
+            "1 while a node is alive, 0 when draining or dead",
+            labels=["node", "state"],
+        )
+        sessions = GaugeMetricFamily(
+            "cloche_cluster_node_sessions", "Live sessions on a node", labels=["node"]
+        )
+        paused = GaugeMetricFamily(
+            "cloche_cluster_node_paused", "Sessions paused on a node's disk", labels=["node"]
+        )
+        pooled = GaugeMetricFamily(
+            "cloche_cluster_node_pooled",
+            "Started sandboxes ready in a node's pool",
+            labels=["node", "profile"],
+        )
+        memory = GaugeMetricFamily(
+            "cloche_cluster_node_memory_available_bytes",
+            "Memory available on a node's machine",
+            labels=["node"],
+        )
+        for node in view["nodes"]:
+            up.add_metric([node["id"], node["state"]], 1 if node["state"] == "alive" else 0)
+            sessions.add_metric([node["id"]], node["sessions"])
+            paused.add_metric([node["id"]], node["paused"])
+            memory.add_metric([node["id"]], node["memory_available_bytes"])
+            for profile, ready in sorted(node["pool"].items()):
+                pooled.add_metric([node["id"], profile], ready)
+        yield from (up, sessions, paused, pooled, memory)

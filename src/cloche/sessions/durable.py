@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -140,3 +141,28 @@ class Checkpoints:
         shutil.copytree(source / IMAGE, home / IMAGE)
         shutil.copy2(source / WORKDIR_ARCHIVE, home / WORKDIR_ARCHIVE)
         return self.store.added(home / IMAGE) + self.store.added(home / WORKDIR_ARCHIVE)
+
+
+def pack_home(home: Path) -> bytes:
+    """A saved session's or snapshot's directory (record, image, disk) as one tar, in memory
+    (blocking): what moves it to another node."""
+    tar = home.with_name(f".{home.name}.tar")
+    try:
+        archive.pack(home, tar)
+        return tar.read_bytes()
+    finally:
+        tar.unlink(missing_ok=True)
+
+
+def unpack_home(data: bytes, home: Path) -> None:
+    """Lay out what `pack_home` made, as a new directory (blocking). Raises FileExistsError."""
+    tar = home.with_name(f".{home.name}.tar")
+    home.mkdir(mode=0o700)
+    try:
+        tar.write_bytes(data)
+        archive.unpack(tar, home, os.getuid(), os.getgid())
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)
+        raise
+    finally:
+        tar.unlink(missing_ok=True)

@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, Limits, ServerConfig
 from cloche.errors import (
+    CheckpointFailed,
     ClocheError,
     ForkRefused,
     KernelDied,
+    NodeNotFound,
     PackageInstallError,
     RestoreRefused,
     SandboxStartError,
     SessionLost,
+    SessionMoved,
     SessionNotFound,
     SnapshotNotFound,
     TooManyPausedSessions,
@@ -42,7 +45,7 @@ from cloche.protocol.paths import normalise
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
 from cloche.server.metrics import Metrics
-from cloche.sessions.durable import Checkpoints
+from cloche.sessions.durable import Checkpoints, pack_home, unpack_home
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
@@ -251,6 +254,18 @@ class SessionManager(abc.ABC):
     def healthy(self) -> bool:
         """Whether a new session can be served now."""
 
+    @abc.abstractmethod
+    async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
+        """Wait until the pools of a profile hold their ready sandboxes (start-up, tests)."""
+
+    def cluster_view(self) -> dict[str, Any] | None:
+        """GET /v1/cluster: the Ray cluster's address and its nodes; None on one machine."""
+        return None
+
+    async def drain(self, node_id: str) -> dict[str, Any]:
+        """Move a node's sessions to the other nodes. Raises NodeNotFound."""
+        raise NodeNotFound("this server is not a cluster (start it with --cluster)")
+
 
 class LocalSessionManager(SessionManager):
     """Sessions held in this process, each in its own sandbox from `backend`; paused ones
@@ -309,6 +324,9 @@ class LocalSessionManager(SessionManager):
         # why, unix time of their creation)
         self._lost: dict[str, tuple[str | None, str, float]] = {}
         self._snapshots: dict[str, SnapshotRecord] = {}
+        # Sessions being handed to another node: their requests wait for the move's end
+        self._moving: dict[str, asyncio.Event] = {}
+        self._moved: set[str] = set()  # handed over: asked here, they say where to look
         self._creating = 0
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -334,6 +352,10 @@ class LocalSessionManager(SessionManager):
         self.metrics.watch(self)
         if self.catalog is not None:
             self.catalog.start()
+
+    async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
+        if profile in self.pools:
+            await self.pools[profile].wait_full(timeout_s)
 
     def _profile_ready(self, status: ProfileStatus) -> None:
         """A profile of the file has its runtime: start its pool."""
@@ -542,6 +564,8 @@ class LocalSessionManager(SessionManager):
                 ) from exc
 
     def _find(self, session_id: str, owner: str | None) -> Session:
+        if session_id in self._moved:
+            raise SessionMoved(session_id)
         session = self._sessions.get(session_id)
         key = owner_key(owner)
         if session is None or session.owner_key != key or not session.usable:
@@ -560,6 +584,13 @@ class LocalSessionManager(SessionManager):
     def get(self, session_id: str, owner: str | None = None) -> SessionInfo:
         """`info`, for code on the server's own loop (and tests)."""
         return self._find(session_id, owner).info()
+
+    def session_ids(self) -> builtins.list[str]:
+        """Every session held here, whoever owns it, paused ones too."""
+        return builtins.list(self._sessions)
+
+    def snapshot_ids(self) -> builtins.list[str]:
+        return builtins.list(self._snapshots)
 
     def list(self, owner: str | None = None) -> list[SessionInfo]:
         """`sessions`, for code on the server's own loop (and tests)."""
@@ -720,6 +751,10 @@ class LocalSessionManager(SessionManager):
 
     async def _wake(self, session: Session) -> None:
         """Restore a paused session's image into a new sandbox (its life is locked)."""
+        if (moving := self._moving.get(session.id)) is not None:
+            await moving.wait()  # the move ends: here again, or gone to another node
+            if session.id in self._moved:
+                raise SessionMoved(session.id)
         await self._room_for(1)
         home = self.store.session_dir(session.id)
         started = time.perf_counter()
@@ -927,6 +962,66 @@ class LocalSessionManager(SessionManager):
             await asyncio.to_thread(self.store.remove, home)
 
     # -- closing ------------------------------------------------------------------------
+
+    # -- moving to another node (cluster drain) ---------------------------------------------
+
+    async def export_session(self, session_id: str) -> tuple[SessionRecord, bytes]:
+        """Pause a session and hand out its record and image, for another node to adopt.
+        It stays here, paused, and its requests wait, until `release_session`.
+
+        Raises:
+            SessionNotFound, CheckpointFailed, StorageFull: it stays here as it was.
+        """
+        session = self._find(session_id, None)
+        self._moving[session_id] = asyncio.Event()
+        try:
+            for _ in range(3):  # a cell queued before the move may wake it once more
+                await self._pause(session, "move")
+                if session.state is SessionState.PAUSED:
+                    break
+            else:
+                raise CheckpointFailed(f"session {session_id} kept being woken")
+            record = await asyncio.to_thread(self._session_record, session_id)
+            image = await asyncio.to_thread(pack_home, self.store.session_dir(session_id))
+        except BaseException:
+            self._moving.pop(session_id).set()
+            raise
+        return record, image
+
+    async def release_session(self, session_id: str, *, moved: bool) -> None:
+        """End a move: the session now lives on another node (moved) or goes on here."""
+        if moved:
+            self._moved.add(session_id)
+            session = self._sessions.pop(session_id, None)
+            if session is not None:
+                session.state = SessionState.CLOSED
+                self.closed_by_reason["moved"] += 1
+            await asyncio.to_thread(self.store.remove, self.store.session_dir(session_id))
+        if (moving := self._moving.pop(session_id, None)) is not None:
+            moving.set()
+
+    async def adopt_session(self, record: SessionRecord, image: bytes) -> None:
+        """Take in a paused session moved from another node; it resumes on its next request."""
+        home = self.store.session_dir(record.id)
+        await asyncio.to_thread(unpack_home, image, home)
+        self.store.save(replace(record, state=RecordState.PAUSED))
+        self.store.added(home)
+        self._moved.discard(record.id)
+        self._sessions[record.id] = self._paused_session(record)
+
+    async def export_snapshot(self, snapshot_id: str) -> tuple[SnapshotRecord, bytes]:
+        """A snapshot's record and image, for another node to adopt (it stays here too)."""
+        record = self._snapshot(snapshot_id, None)
+        image = await asyncio.to_thread(pack_home, self.store.snapshot_dir(snapshot_id))
+        return record, image
+
+    async def adopt_snapshot(self, record: SnapshotRecord, image: bytes) -> None:
+        if record.id in self._snapshots:
+            return
+        home = self.store.snapshot_dir(record.id)
+        await asyncio.to_thread(unpack_home, image, home)
+        self.store.added(home)
+        self._snapshots[record.id] = record
 
     async def close(
         self, session_id: str, owner: str | None = None, reason: str = "closed"

@@ -15,6 +15,7 @@ from cloche import __version__
 from cloche.config import MIB, ServerConfig
 from cloche.server.http import (
     chat,
+    cluster,
     context,
     errors,
     packages,
@@ -50,6 +51,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     app.include_router(packages.router)
     app.include_router(profiles.router)
     app.include_router(chat.router)
+    app.include_router(cluster.router)
 
     @app.get("/health", summary="200 while sandboxes can be served, else 503")
     async def health() -> JSONResponse:

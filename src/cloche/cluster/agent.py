@@ -1,0 +1,271 @@
+"""A node agent: one per machine of the cluster, holding that machine's sessions.
+
+It is this node's `LocalSessionManager` (sandboxes, pools, paused sessions, snapshots),
+served to front ends over the data path (`cluster/link.py`), and, through Ray, the verbs
+that move sessions between nodes. It runs as a Ray actor pinned to its node
+(`cluster/engine.py` makes it one); nothing here imports Ray, so it is tested without.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+from cloche.cluster import codec
+from cloche.cluster.link import AgentServer
+from cloche.config import ServerConfig
+from cloche.errors import ClocheError, PathRefused
+from cloche.sandbox.base import create_backend
+from cloche.sessions.kernel import EventCallback
+from cloche.sessions.manager import LocalSessionManager
+from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
+
+log = logging.getLogger("cloche.cluster")
+
+
+def memory_available_bytes() -> int:
+    """MemAvailable of this machine (0 when it can't be read)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class NodeAgent:
+    """This node's sessions, served to front ends."""
+
+    def __init__(self, config: ServerConfig, node_id: str, secret: str, host: str) -> None:
+        self.config = config
+        self.node_id = node_id
+        self.host = host
+        self.manager = LocalSessionManager(config, create_backend(config))
+        self.server = AgentServer(node_id, secret, self._handle)
+        self.port = 0
+        self._started: asyncio.Task[None] | None = None
+        self._streams: dict[int, Any] = {}  # open streamed files, by handle
+        self._stream_numbers = itertools.count(1)
+        self._seq = itertools.count(1)
+
+    async def start(self) -> dict[str, Any]:
+        """Start the manager and the data path once; where front ends reach it."""
+        if self._started is None:
+            self._started = asyncio.create_task(self._start())
+        await asyncio.shield(self._started)
+        return self.describe()
+
+    async def _start(self) -> None:
+        await self.manager.start()
+        self.port = await self.server.start(self.host, self.config.cluster_agent_port)
+        log.info("node agent %s serving on %s:%d", self.node_id, self.host, self.port)
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.node_id, "host": self.host, "port": self.port, "pid": os.getpid()}
+
+    async def stop(self) -> None:
+        """Close the data path, then every session (paused to --data-dir, as a server does)."""
+        await self.server.close()
+        await self.manager.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """What placement and GET /v1/cluster need; `seq` orders answers from this agent."""
+        manager = self.manager
+        return {
+            "seq": next(self._seq),
+            "sessions": manager.live_count,
+            "paused": manager.paused_count,
+            "max_sessions": self.config.max_sessions,
+            "pool": {name: pool.ready_count for name, pool in manager.pools.items()},
+            "memory_available_bytes": memory_available_bytes(),
+            "healthy": manager.healthy,
+            "pid": os.getpid(),
+        }
+
+    # -- moving sessions (called through Ray; images go through its object store) ------
+
+    async def export_session(self, session_id: str) -> tuple[dict[str, Any], bytes]:
+        record, image = await self.manager.export_session(session_id)
+        raw = asdict(record)
+        raw["state"] = record.state.value
+        return raw, image
+
+    async def adopt_session(self, raw: dict[str, Any], image: bytes) -> None:
+        record = SessionRecord(**{**raw, "state": RecordState(raw["state"])})
+        await self.manager.adopt_session(record, bytes(image))
+
+    async def release_session(self, session_id: str, moved: bool) -> None:
+        await self.manager.release_session(session_id, moved=moved)
+
+    async def export_snapshot(self, snapshot_id: str) -> tuple[dict[str, Any], bytes]:
+        record, image = await self.manager.export_snapshot(snapshot_id)
+        return asdict(record), image
+
+    async def adopt_snapshot(self, raw: dict[str, Any], image: bytes) -> None:
+        await self.manager.adopt_snapshot(SnapshotRecord(**raw), bytes(image))
+
+    def held(self) -> tuple[list[str], list[str]]:
+        """The ids of every session (paused ones too) and snapshot here: what a drain moves."""
+        return self.manager.session_ids(), self.manager.snapshot_ids()
+
+    # -- the data path --------------------------------------------------------------------
+
+    async def _handle(self, op: str, args: dict[str, Any], on_event: EventCallback) -> Any:
+        handler = getattr(self, f"_op_{op}", None)
+        if handler is None:
+            raise ClocheError(f"unknown data-path request {op!r}")
+        return await handler(on_event=on_event, **args)
+
+    async def _op_stats(self, on_event: EventCallback) -> dict[str, Any]:
+        return self.stats()
+
+    async def _op_create(
+        self,
+        on_event: EventCallback,
+        owner: str | None,
+        profile: str,
+        snapshot: str | None,
+    ) -> dict[str, Any]:
+        info = await self.manager.create(owner, profile, snapshot)
+        return {"info": codec.info_out(info), "stats": self.stats()}
+
+    async def _op_info(self, on_event: EventCallback, session_id: str, owner: str | None) -> Any:
+        return codec.info_out(await self.manager.info(session_id, owner))
+
+    async def _op_sessions(self, on_event: EventCallback, owner: str | None) -> Any:
+        return [codec.info_out(info) for info in await self.manager.sessions(owner)]
+
+    async def _op_execute(
+        self,
+        on_event: EventCallback,
+        session_id: str,
+        code: str,
+        owner: str | None,
+        timeout_s: float | None,
+        track_files: bool,
+        silent: bool,
+        stream: bool,
+    ) -> Any:
+        result = await self.manager.execute(
+            session_id,
+            code,
+            owner=owner,
+            timeout_s=timeout_s,
+            on_event=on_event if stream else None,
+            track_files=track_files,
+            silent=silent,
+        )
+        return codec.result_out(result)
+
+    async def _op_interrupt(
+        self, on_event: EventCallback, session_id: str, owner: str | None
+    ) -> Any:
+        return await self.manager.interrupt(session_id, owner)
+
+    async def _op_close(
+        self, on_event: EventCallback, session_id: str, owner: str | None, reason: str
+    ) -> None:
+        await self.manager.close(session_id, owner, reason)
+
+    async def _op_snapshot(
+        self, on_event: EventCallback, session_id: str, owner: str | None, name: str
+    ) -> Any:
+        return codec.snapshot_out(await self.manager.snapshot(session_id, owner, name))
+
+    async def _op_snapshots(self, on_event: EventCallback, owner: str | None) -> Any:
+        return [codec.snapshot_out(r) for r in await self.manager.snapshots(owner)]
+
+    async def _op_get_snapshot(
+        self, on_event: EventCallback, snapshot_id: str, owner: str | None
+    ) -> Any:
+        return codec.snapshot_out(await self.manager.get_snapshot(snapshot_id, owner))
+
+    async def _op_delete_snapshot(
+        self, on_event: EventCallback, snapshot_id: str, owner: str | None
+    ) -> None:
+        await self.manager.delete_snapshot(snapshot_id, owner)
+
+    async def _op_fork(
+        self, on_event: EventCallback, session_id: str, count: int, owner: str | None
+    ) -> Any:
+        copies = await self.manager.fork(session_id, count, owner)
+        return {"copies": [codec.info_out(i) for i in copies], "stats": self.stats()}
+
+    async def _op_pause(self, on_event: EventCallback, session_id: str, owner: str | None) -> Any:
+        return codec.info_out(await self.manager.pause(session_id, owner))
+
+    async def _op_resume(self, on_event: EventCallback, session_id: str, owner: str | None) -> Any:
+        return codec.info_out(await self.manager.resume(session_id, owner))
+
+    async def _op_list_files(
+        self, on_event: EventCallback, session_id: str, owner: str | None
+    ) -> Any:
+        return codec.listing_out(await self.manager.list_files(session_id, owner))
+
+    async def _op_read_file(
+        self, on_event: EventCallback, session_id: str, path: str, owner: str | None
+    ) -> Any:
+        return codec.bytes_out(await self.manager.read_file(session_id, path, owner))
+
+    async def _op_write_files(
+        self, on_event: EventCallback, session_id: str, files: list[list[str]], owner: str | None
+    ) -> None:
+        decoded = [(path, codec.bytes_in(data)) for path, data in files]
+        await self.manager.write_files(session_id, decoded, owner)
+
+    async def _op_stream_open(
+        self, on_event: EventCallback, session_id: str, path: str, owner: str | None
+    ) -> int:
+        """A streamed file, written from the chunks that `stream_chunk` brings."""
+        await self.manager.info(session_id, owner)
+        handle = next(self._stream_numbers)
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
+
+        async def pieces() -> AsyncIterator[bytes]:
+            while (chunk := await chunks.get()) is not None:
+                yield chunk
+
+        writing = asyncio.create_task(self.manager.write_stream(session_id, path, pieces(), owner))
+        self._streams[handle] = (chunks, writing)
+        return handle
+
+    async def _op_stream_chunk(self, on_event: EventCallback, handle: int, data: str) -> None:
+        chunks, writing = self._stream(handle)
+        put = asyncio.ensure_future(chunks.put(codec.bytes_in(data)))
+        await asyncio.wait([put, writing], return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():  # the writer stopped (refused): say why, and forget it
+            put.cancel()
+            self._streams.pop(handle, None)
+            await writing
+
+    async def _op_stream_end(self, on_event: EventCallback, handle: int, commit: bool) -> int:
+        chunks, writing = self._stream(handle)
+        del self._streams[handle]
+        if commit:
+            await chunks.put(None)
+            size: int = await writing
+            return size
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
+        return 0
+
+    def _stream(self, handle: int) -> tuple[asyncio.Queue[bytes | None], asyncio.Task[int]]:
+        if handle not in self._streams:
+            raise PathRefused("", f"no streamed file {handle}")
+        found: tuple[asyncio.Queue[bytes | None], asyncio.Task[int]] = self._streams[handle]
+        return found
+
+    async def _op_install_packages(
+        self, on_event: EventCallback, session_id: str, specs: list[str], owner: str | None
+    ) -> Any:
+        return await self.manager.install_packages(session_id, specs, owner)
+
+    async def _op_profiles(self, on_event: EventCallback) -> Any:
+        return self.manager.profiles()

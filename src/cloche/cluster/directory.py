@@ -1,0 +1,62 @@
+"""The session directory: which node holds each session and snapshot, and which nodes there
+are, kept in the cluster so that every front end agrees.
+
+It runs as a detached, named Ray actor on the head node (`cluster/engine.py`); its methods
+are called one at a time, so it needs no locks. Front ends cache what they learn and ask
+again when an agent says a session moved. A node, once dead, stays dead here: a new agent
+on the same machine joins under a new id, and sessions of the old one stay lost.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+ALIVE, DRAINING, DEAD = "alive", "draining", "dead"
+
+
+class Directory:
+    """Session id -> node id; snapshot id -> node id; node id -> where and how it is."""
+
+    def __init__(self) -> None:
+        self.secret = secrets.token_hex(32)  # what front ends show node agents
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.sessions: dict[str, str] = {}
+        self.snapshots: dict[str, str] = {}
+
+    def cluster_secret(self) -> str:
+        return self.secret
+
+    def join(self, node: dict[str, Any]) -> None:
+        """A node agent, as it describes itself ({"id", "host", "port", "pid", ...})."""
+        known = self.nodes.get(node["id"])
+        state = known["state"] if known is not None else ALIVE
+        self.nodes[node["id"]] = {**node, "state": state}
+
+    def all_nodes(self) -> list[dict[str, Any]]:
+        return list(self.nodes.values())
+
+    def set_state(self, node_id: str, state: str) -> None:
+        """Mark a node draining or dead (dead is for good), or alive again after a drain."""
+        node = self.nodes.get(node_id)
+        if node is not None and node["state"] != DEAD:
+            node["state"] = state
+
+    def place(self, session_ids: list[str], node_id: str) -> None:
+        for session_id in session_ids:
+            self.sessions[session_id] = node_id
+
+    def lookup(self, session_id: str) -> str | None:
+        return self.sessions.get(session_id)
+
+    def forget(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+
+    def place_snapshot(self, snapshot_id: str, node_id: str) -> None:
+        self.snapshots[snapshot_id] = node_id
+
+    def lookup_snapshot(self, snapshot_id: str) -> str | None:
+        return self.snapshots.get(snapshot_id)
+
+    def forget_snapshot(self, snapshot_id: str) -> None:
+        self.snapshots.pop(snapshot_id, None)

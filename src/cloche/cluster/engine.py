@@ -1,0 +1,222 @@
+"""Ray, as cloche uses it: the cluster to join (or a local one to start), the directory actor,
+and one node agent actor pinned to each node that may run sandboxes.
+
+Everything here blocks (Ray's API does): call it from a thread. Only this module and the
+cluster manager import Ray, and only when --cluster is given (the `cluster` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cloche.cluster.agent import NodeAgent
+from cloche.cluster.directory import Directory
+from cloche.config import MIB, ServerConfig
+from cloche.errors import ClocheError, ConfigError
+
+log = logging.getLogger("cloche.cluster")
+
+NAMESPACE = "cloche"
+NODE_RESOURCE = "cloche_node"  # a Ray node with this resource runs a node agent
+DIRECTORY_NAME = "cloche-directory"
+LOCAL_OBJECT_STORE_BYTES = 128 * MIB  # per node of a local cluster (Ray's default: 30% of RAM)
+# Declare a silent node dead in ~2 s, not Ray's default ~16 s (measured on one machine).
+LOCAL_SYSTEM_CONFIG = {
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "--cluster needs Ray: install cloche's cluster extra (pip install 'cloche[cluster]'"
+            ", or ./run.sh --cluster ...)"
+        ) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """A Ray node that may run a node agent."""
+
+    ray_id: str
+    ip: str
+    index: int  # its place among the nodes, in the order Ray lists them
+
+
+class Engine:
+    """The front end's hold on the Ray cluster."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        if not config.cluster:
+            raise ConfigError("no --cluster given")
+        self.config = config
+        self.spec = config.cluster
+        self.address = ""
+        self.directory: Any = None
+        self._local: Any = None  # ray.cluster_utils.Cluster we started (local:N)
+        self._temp: str | None = None
+        self._agent_class: Any = None
+        self._nodes = 0  # of the local cluster
+
+    @property
+    def local(self) -> bool:
+        return self._local is not None
+
+    def open(self) -> None:
+        """Join (or start) the cluster and find (or make) its directory.
+
+        Raises:
+            ConfigError: a bad --cluster, Ray missing, or no cluster there.
+        """
+        ray = _ray()
+        address: str = self.spec
+        if self.spec.startswith("local:"):
+            address = self._start_local(self.spec.removeprefix("local:"))
+        elif self.spec != "auto" and ":" not in self.spec:
+            raise ConfigError(
+                f"--cluster must be local:N, auto, HOST:PORT or ray://HOST:PORT, not {self.spec!r}"
+            )
+        try:
+            ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            self.close()
+            raise ConfigError(f"can't join the Ray cluster at {address}: {exc}") from exc
+        self.address = ray.get_runtime_context().gcs_address
+        self._agent_class = ray.remote(NodeAgent)
+        head = _head_affinity(ray)
+        self.directory = (
+            ray.remote(Directory)
+            .options(
+                name=DIRECTORY_NAME,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                scheduling_strategy=head,
+            )
+            .remote()
+        )
+
+    def _start_local(self, count: str) -> str:
+        from ray.cluster_utils import Cluster
+
+        try:
+            nodes = int(count)
+        except ValueError:
+            nodes = 0
+        if not 1 <= nodes <= 16:
+            raise ConfigError(f"--cluster local:N takes 1 to 16 nodes, not {count!r}")
+        # Ray keeps its sockets and logs under RAY_TMPDIR (paths must stay short); ours alone.
+        self._temp = tempfile.mkdtemp(prefix="cloche-ray-", dir="/tmp")
+        os.environ["RAY_TMPDIR"] = self._temp
+        node = {
+            "num_cpus": 0,
+            "resources": {NODE_RESOURCE: 1},
+            "object_store_memory": LOCAL_OBJECT_STORE_BYTES,
+        }
+        self._local = Cluster(
+            initialize_head=True,
+            head_node_args={**node, "_system_config": LOCAL_SYSTEM_CONFIG},
+            shutdown_at_exit=False,
+        )
+        self._nodes = nodes
+        for _ in range(nodes - 1):
+            self._local.add_node(**node)
+        address: str = self._local.address
+        log.info("local Ray cluster of %d nodes at %s (temp %s)", nodes, address, self._temp)
+        return address
+
+    def nodes(self) -> list[RayNode]:
+        """The live Ray nodes that may run sandboxes."""
+        ray = _ray()
+        found = [
+            n
+            for n in ray.nodes()
+            if n.get("Alive") and n.get("Resources", {}).get(NODE_RESOURCE, 0) >= 1
+        ]
+        return [RayNode(n["NodeID"], n["NodeManagerAddress"], i) for i, n in enumerate(found)]
+
+    def dead_ray_nodes(self) -> set[str]:
+        ray = _ray()
+        return {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+
+    def agent(self, node: RayNode, secret: str) -> Any:
+        """The node agent actor of a node, made if there is none (its `start` says its id)."""
+        _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        config = self.node_config(node)
+        # A new agent on a node whose agent died gets a new id: the old one's sessions stay lost.
+        node_id = f"{node.ray_id[:12]}-{secrets.token_hex(3)}"
+        handle = self._agent_class.options(
+            name=f"cloche-agent-{node.ray_id}",
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            max_concurrency=100_000,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_id, soft=False),
+        ).remote(config, node_id, secret, node.ip)
+        return handle
+
+    def node_config(self, node: RayNode) -> ServerConfig:
+        """A node agent's settings: the front end's, with (on one machine) its own dirs."""
+        config = self.config
+        if self.local:
+            config = replace(
+                config,
+                data_dir=config.data_dir / f"node-{node.index}",
+                state_dir=config.state_dir / f"node-{node.index}",
+                cluster_agent_port=0,
+            )
+        return config
+
+    def sweep(self) -> None:
+        """After a local cluster's end: what its agents left (one killed -9 leaves its
+        sandboxes' state, mounts and cgroups) goes, as a restarted server cleans its own."""
+        from cloche.sandbox.base import create_backend
+
+        for index in range(self._nodes):
+            node = RayNode("", "", index)
+            with contextlib.suppress(ClocheError, OSError):
+                create_backend(self.node_config(node)).sweep()
+
+    def close(self) -> None:
+        """Leave the cluster; stop it if it was ours (local:N), with every process of it."""
+        ray = _ray()
+        if ray.is_initialized():
+            ray.shutdown()
+        if self._local is not None:
+            self._local.shutdown()
+            self._local = None
+            self.sweep()
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            os.environ.pop("RAY_TMPDIR", None)
+            self._temp = None
+
+
+def _head_affinity(ray: Any) -> Any:
+    """Pin to the head node (where the GCS lives: the directory dies with the cluster)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    for node in ray.nodes():
+        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+            return NodeAffinitySchedulingStrategy(node["NodeID"], soft=True)
+    return "DEFAULT"

@@ -1,0 +1,577 @@
+"""The cluster's `SessionManager`: sessions held by node agents on the machines of a Ray
+cluster, reached from any front end.
+
+A front end holds no session. It places a new one on the node with the most headroom
+(`cluster/placement.py`), records where it went in the directory, and sends each request
+for it to that node's agent over the data path. A node whose agent stops answering is dead
+for good: its sessions say they were lost, the others go on. A drain moves a node's
+sessions (paused, their images carried by Ray's object store) to other nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+from collections.abc import AsyncIterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cloche.cluster import codec
+from cloche.cluster.directory import ALIVE, DEAD, DRAINING
+from cloche.cluster.engine import Engine, RayNode
+from cloche.cluster.link import AgentLink, LinkDown
+from cloche.cluster.placement import choose
+from cloche.config import ServerConfig
+from cloche.errors import (
+    ClocheError,
+    ConfigError,
+    NodeNotFound,
+    SandboxStartError,
+    SessionLost,
+    SessionMoved,
+    SessionNotFound,
+    SnapshotNotFound,
+    TooManySessions,
+)
+from cloche.sandbox.files import FileListing
+from cloche.server.metrics import Metrics
+from cloche.sessions.kernel import EventCallback
+from cloche.sessions.manager import InstalledPackages, SessionManager
+from cloche.sessions.result import CellResult
+from cloche.sessions.session import SessionInfo
+from cloche.sessions.store import SnapshotRecord
+
+log = logging.getLogger("cloche.cluster")
+
+WATCH_S = 2.0  # how often the front end looks for new nodes and others' verdicts
+AGENT_START_S = 300.0  # a node agent's start (its pools fill first)
+AGENT_STOP_S = 120.0  # a node agent pausing its sessions at the cluster's stop
+STREAM_CHUNK_BYTES = 1 << 20
+
+
+def node_failed(session_id: str) -> SessionLost:
+    lost = SessionLost(session_id)
+    lost.args = (f"Session {session_id} was lost: its node failed",)
+    return lost
+
+
+@dataclass
+class Node:
+    """A node agent as this front end sees it."""
+
+    id: str
+    ray_id: str
+    host: str
+    port: int
+    pid: int
+    handle: Any  # its Ray actor
+    link: AgentLink | None
+    state: str = ALIVE
+    stats: dict[str, Any] = field(default_factory=dict)
+    inflight: int = 0  # sessions being created there by this front end
+
+    def view(self) -> dict[str, Any]:
+        stats = self.stats
+        return {
+            "id": self.id,
+            "address": f"{self.host}:{self.port}",
+            "state": self.state,
+            "sessions": stats.get("sessions", 0),
+            "paused": stats.get("paused", 0),
+            "pool": stats.get("pool", {}),
+            "memory_available_bytes": stats.get("memory_available_bytes", 0),
+            "pid": self.pid,
+        }
+
+
+class ClusterSessionManager(SessionManager):
+    """Sessions on the node agents of a Ray cluster (`cloche serve --cluster ...`)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.engine = Engine(config)
+        self.nodes: dict[str, Node] = {}
+        self._where: dict[str, str] = {}  # session id -> node id, as learnt
+        self._secret = ""
+        self._profiles: builtins.list[dict[str, Any]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._stopped = False
+        self._news = asyncio.Event()  # set at each new report of a node's figures
+        if config.llm is not None:  # the RLM endpoint's own calls (cells use their node's)
+            from cloche.llm.broker import Broker
+
+            self.llm = Broker(config.llm, self.metrics)
+
+    # -- joining and watching the cluster ---------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.engine.open)
+        try:
+            self._secret = await self.engine.directory.cluster_secret.remote()
+            await self._discover()
+            if not self._alive():
+                raise ConfigError(
+                    "no node of the Ray cluster can run sandboxes: start Ray nodes with "
+                    "--resources='{\"cloche_node\": 1}'"
+                )
+        except BaseException:
+            await self.stop()
+            raise
+        self.metrics.watch_cluster(self.cluster_view)
+        self._watcher = asyncio.create_task(self._watch(), name="cloche-cluster-watch")
+        log.info(
+            "cluster front end on Ray %s: %d nodes %s",
+            self.engine.address,
+            len(self.nodes),
+            ", ".join(sorted(self.nodes)),
+        )
+
+    async def _discover(self) -> None:
+        """Agents for new Ray nodes; links to agents others started; others' verdicts."""
+        known = await self.engine.directory.all_nodes.remote()
+        dead_ray_ids = {n["ray_id"] for n in known if n["state"] == DEAD}
+        for entry in known:
+            node = self.nodes.get(entry["id"])
+            if node is not None and entry["state"] != node.state and node.state != DEAD:
+                self._set_state(node, entry["state"], tell=False)
+        linked = {n.ray_id for n in self.nodes.values() if n.state != DEAD}
+        fresh = [
+            ray_node
+            for ray_node in await asyncio.to_thread(self.engine.nodes)
+            if ray_node.ray_id not in linked and ray_node.ray_id not in dead_ray_ids
+        ]
+        await asyncio.gather(*(self._join(ray_node) for ray_node in fresh))
+        for entry in known:  # dead nodes others saw, for GET /v1/cluster
+            if entry["id"] not in self.nodes and entry["state"] == DEAD:
+                self.nodes[entry["id"]] = Node(
+                    entry["id"], entry["ray_id"], entry["host"], entry["port"], entry["pid"],
+                    None, None, DEAD,
+                )  # fmt: skip
+
+    async def _join(self, ray_node: RayNode) -> None:
+        handle = await asyncio.to_thread(self.engine.agent, ray_node, self._secret)
+        try:
+            described = await asyncio.wait_for(handle.start.remote(), AGENT_START_S)
+        except Exception as exc:  # a node that can't run sandboxes: the others serve
+            log.error("node agent on Ray node %s did not start: %s", ray_node.ray_id, exc)
+            return
+        node = Node(
+            described["id"],
+            ray_node.ray_id,
+            described["host"],
+            described["port"],
+            described["pid"],
+            handle,
+            None,
+        )
+        await self.engine.directory.join.remote({**described, "ray_id": ray_node.ray_id})
+        # What it holds already (paused in its --data-dir by a previous run) is found again.
+        session_ids, snapshot_ids = await handle.held.remote()
+        await self.engine.directory.place.remote(session_ids, node.id)
+        for snapshot_id in snapshot_ids:
+            await self.engine.directory.place_snapshot.remote(snapshot_id, node.id)
+        link = AgentLink(
+            node.id, node.host, node.port, self._secret, self._link_down, self._link_stats
+        )
+        try:
+            await link.connect()
+        except LinkDown as exc:
+            log.error("node agent %s can't be reached: %s", node.id, exc)
+            return
+        node.link = link
+        self.nodes[node.id] = node
+        with contextlib.suppress(ClocheError, LinkDown):
+            node.stats = await link.call("stats")
+            if not self._profiles:
+                self._profiles = await link.call("profiles")
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_S)
+            try:
+                await self._discover()
+            except Exception as exc:  # Ray's control plane busy: next round
+                log.warning("cluster watch: %s", exc)
+
+    def _link_down(self, link: AgentLink, why: str) -> None:
+        node = self.nodes.get(link.node_id)
+        if node is not None and not self._stopped:
+            log.error("node %s is dead (%s): its sessions are lost", node.id, why)
+            self._set_state(node, DEAD, tell=True)
+
+    def _link_stats(self, link: AgentLink, stats: dict[str, Any]) -> None:
+        node = self.nodes.get(link.node_id)
+        if node is not None and stats.get("seq", 0) > node.stats.get("seq", 0):
+            node.stats = stats
+            self._news.set()
+
+    async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
+        """Wait until every live node's pool of the profile is full (as its agent reports)."""
+        size = self.config.pool_size if profile == "lean" else self.config.data_pool_size
+        async with asyncio.timeout(timeout_s):
+            while any(n.stats.get("pool", {}).get(profile, 0) < size for n in self._alive()):
+                self._news.clear()
+                await self._news.wait()
+
+    def _set_state(self, node: Node, state: str, *, tell: bool) -> None:
+        node.state = state
+        if state == DEAD and node.link is not None:
+            node.link.close(why="declared dead")
+        if tell:
+            self._in_background(self.engine.directory.set_state.remote(node.id, state))
+
+    def _in_background(self, awaitable: Any) -> None:
+        async def run() -> None:
+            try:
+                await awaitable
+            except Exception as exc:
+                log.warning("cluster bookkeeping failed: %s", exc)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _alive(self) -> builtins.list[Node]:
+        return [n for n in self.nodes.values() if n.state == ALIVE and n.link is not None]
+
+    def cluster_view(self) -> dict[str, Any]:
+        return {
+            "ray_address": self.engine.address,
+            "nodes": [node.view() for node in sorted(self.nodes.values(), key=lambda n: n.id)],
+        }
+
+    @property
+    def healthy(self) -> bool:
+        return any(n.stats.get("healthy", True) for n in self._alive())
+
+    def profiles(self) -> builtins.list[dict[str, Any]]:
+        return self._profiles
+
+    # -- finding a session's node ----------------------------------------------------------
+
+    async def _node_of(self, session_id: str) -> Node:
+        node_id = self._where.get(session_id)
+        if node_id is None:
+            node_id = await self.engine.directory.lookup.remote(session_id)
+            if node_id is None:
+                raise SessionNotFound(session_id)
+            self._where[session_id] = node_id
+        node = self.nodes.get(node_id)
+        if node is None:  # a node this front end has not met yet
+            await self._discover()
+            node = self.nodes.get(node_id)
+        if node is None or node.state == DEAD or node.link is None:
+            raise node_failed(session_id)
+        return node
+
+    async def _call(
+        self,
+        session_id: str,
+        op: str,
+        args: dict[str, Any],
+        on_event: EventCallback | None = None,
+    ) -> Any:
+        """A request about a session, sent to the node that holds it."""
+        for _ in range(4):
+            node = await self._node_of(session_id)
+            assert node.link is not None
+            try:
+                return await node.link.call(op, {"session_id": session_id, **args}, on_event)
+            except LinkDown:
+                raise node_failed(session_id) from None
+            except SessionMoved:
+                self._where.pop(session_id, None)  # drained: the directory knows where
+        raise SessionNotFound(session_id)
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def create(
+        self, owner: str | None = None, profile: str = "lean", snapshot: str | None = None
+    ) -> SessionInfo:
+        pinned: Node | None = None
+        if snapshot is not None:
+            pinned = await self._snapshot_node(snapshot)
+        for _ in range(3):
+            node = pinned or choose(self._alive(), profile)
+            if node is None:
+                raise TooManySessions(
+                    "every node of the cluster is at --max-sessions, draining or dead"
+                )
+            assert node.link is not None
+            node.inflight += 1
+            try:
+                reply = await node.link.call(
+                    "create", {"owner": owner, "profile": profile, "snapshot": snapshot}
+                )
+            except LinkDown:
+                if pinned is not None:
+                    raise SnapshotNotFound(snapshot or "") from None
+                continue  # that node just died: another one
+            finally:
+                node.inflight -= 1
+            self._link_stats(node.link, reply["stats"])
+            info = codec.info_in(reply["info"])
+            self._where[info.id] = node.id
+            await self.engine.directory.place.remote([info.id], node.id)
+            return info
+        raise SandboxStartError("no node of the cluster could start a session")
+
+    async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        return codec.info_in(await self._call(session_id, "info", {"owner": owner}))
+
+    async def sessions(self, owner: str | None = None) -> builtins.list[SessionInfo]:
+        found: builtins.list[SessionInfo] = []
+        for listing in await self._everywhere("sessions", {"owner": owner}):
+            found += [codec.info_in(raw) for raw in listing]
+        return sorted(found, key=lambda info: info.created_at)
+
+    async def _everywhere(self, op: str, args: dict[str, Any]) -> builtins.list[Any]:
+        """One request to every live node; the answers of those that gave one."""
+        nodes = [n for n in self.nodes.values() if n.state != DEAD and n.link is not None]
+        answers = await asyncio.gather(
+            *(n.link.call(op, args) for n in nodes if n.link is not None), return_exceptions=True
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, LinkDown):
+                raise answer
+        return [a for a in answers if not isinstance(a, BaseException)]
+
+    async def execute(
+        self,
+        session_id: str,
+        code: str,
+        *,
+        owner: str | None = None,
+        timeout_s: float | None = None,
+        on_event: EventCallback | None = None,
+        track_files: bool = False,
+        silent: bool = False,
+    ) -> CellResult:
+        raw = await self._call(
+            session_id,
+            "execute",
+            {
+                "code": code,
+                "owner": owner,
+                "timeout_s": timeout_s,
+                "track_files": track_files,
+                "silent": silent,
+                "stream": on_event is not None,
+            },
+            on_event,
+        )
+        result = codec.result_in(raw)
+        self.metrics.cell_finished(result, result.duration_ms / 1000)
+        return result
+
+    async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
+        interrupted: bool = await self._call(session_id, "interrupt", {"owner": owner})
+        return interrupted
+
+    async def close(
+        self, session_id: str, owner: str | None = None, reason: str = "closed"
+    ) -> None:
+        await self._call(session_id, "close", {"owner": owner, "reason": reason})
+        self._where.pop(session_id, None)
+        self._in_background(self.engine.directory.forget.remote(session_id))
+
+    async def install_packages(
+        self, session_id: str, specs: Sequence[str], owner: str | None = None
+    ) -> InstalledPackages:
+        installed: InstalledPackages = await self._call(
+            session_id, "install_packages", {"specs": list(specs), "owner": owner}
+        )
+        return installed
+
+    # -- files -----------------------------------------------------------------------------
+
+    async def list_files(self, session_id: str, owner: str | None = None) -> FileListing:
+        return codec.listing_in(await self._call(session_id, "list_files", {"owner": owner}))
+
+    async def read_file(self, session_id: str, path: str, owner: str | None = None) -> bytes:
+        raw = await self._call(session_id, "read_file", {"path": path, "owner": owner})
+        return codec.bytes_in(raw)
+
+    async def write_files(
+        self, session_id: str, files: Sequence[tuple[str, bytes]], owner: str | None = None
+    ) -> None:
+        if not files:
+            await self.info(session_id, owner)
+            return
+        encoded = [[path, codec.bytes_out(data)] for path, data in files]
+        await self._call(session_id, "write_files", {"files": encoded, "owner": owner})
+
+    async def write_stream(
+        self,
+        session_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        owner: str | None = None,
+    ) -> int:
+        node = await self._node_of(session_id)
+        assert node.link is not None
+        link = node.link
+        try:
+            handle = await link.call(
+                "stream_open", {"session_id": session_id, "path": path, "owner": owner}
+            )
+        except LinkDown:
+            raise node_failed(session_id) from None
+        committed = False
+        try:
+            buffer = bytearray()
+            async for chunk in chunks:
+                buffer += chunk
+                if len(buffer) >= STREAM_CHUNK_BYTES:
+                    await link.call("stream_chunk", {"handle": handle, "data": _b64(buffer)})
+                    buffer.clear()
+            if buffer:
+                await link.call("stream_chunk", {"handle": handle, "data": _b64(buffer)})
+            size: int = await link.call("stream_end", {"handle": handle, "commit": True})
+            committed = True
+            return size
+        except LinkDown:
+            raise node_failed(session_id) from None
+        finally:
+            if not committed:
+                with contextlib.suppress(ClocheError):
+                    await link.call("stream_end", {"handle": handle, "commit": False})
+
+    # -- durability --------------------------------------------------------------------------
+
+    async def snapshot(
+        self, session_id: str, owner: str | None = None, name: str = ""
+    ) -> SnapshotRecord:
+        raw = await self._call(session_id, "snapshot", {"owner": owner, "name": name})
+        record = codec.snapshot_in(raw)
+        node_id = self._where[session_id]
+        await self.engine.directory.place_snapshot.remote(record.id, node_id)
+        return record
+
+    async def snapshots(self, owner: str | None = None) -> builtins.list[SnapshotRecord]:
+        found: dict[str, SnapshotRecord] = {}
+        for listing in await self._everywhere("snapshots", {"owner": owner}):
+            for raw in listing:
+                record = codec.snapshot_in(raw)
+                found[record.id] = record  # a drained node may still hold a copy
+        return sorted(found.values(), key=lambda record: record.created_at)
+
+    async def _snapshot_node(self, snapshot_id: str) -> Node:
+        node_id = await self.engine.directory.lookup_snapshot.remote(snapshot_id)
+        node = self.nodes.get(node_id) if node_id is not None else None
+        if node is None or node.state == DEAD or node.link is None:
+            raise SnapshotNotFound(snapshot_id)
+        return node
+
+    async def get_snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
+        node = await self._snapshot_node(snapshot_id)
+        assert node.link is not None
+        raw = await node.link.call("get_snapshot", {"snapshot_id": snapshot_id, "owner": owner})
+        return codec.snapshot_in(raw)
+
+    async def delete_snapshot(self, snapshot_id: str, owner: str | None = None) -> None:
+        node = await self._snapshot_node(snapshot_id)
+        assert node.link is not None
+        await node.link.call("delete_snapshot", {"snapshot_id": snapshot_id, "owner": owner})
+        self._in_background(self.engine.directory.forget_snapshot.remote(snapshot_id))
+
+    async def fork(
+        self, session_id: str, count: int = 1, owner: str | None = None
+    ) -> builtins.list[SessionInfo]:
+        reply = await self._call(session_id, "fork", {"count": count, "owner": owner})
+        copies = [codec.info_in(raw) for raw in reply["copies"]]
+        node_id = self._where[session_id]
+        for copy in copies:
+            self._where[copy.id] = node_id
+        await self.engine.directory.place.remote([c.id for c in copies], node_id)
+        return copies
+
+    async def pause(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        return codec.info_in(await self._call(session_id, "pause", {"owner": owner}))
+
+    async def resume(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        return codec.info_in(await self._call(session_id, "resume", {"owner": owner}))
+
+    # -- drain -------------------------------------------------------------------------------
+
+    async def drain(self, node_id: str) -> dict[str, Any]:
+        """Move every session and snapshot of a node to the others; it takes no new ones.
+
+        Raises:
+            NodeNotFound: no live node of that id.
+        """
+        node = self.nodes.get(node_id)
+        if node is None or node.state == DEAD:
+            raise NodeNotFound(f"Node {node_id} not found, or dead")
+        self._set_state(node, DRAINING, tell=True)
+        await self.engine.directory.set_state.remote(node.id, DRAINING)
+        session_ids, snapshot_ids = await node.handle.held.remote()
+        moved, failed = 0, []
+        for session_id in session_ids:
+            try:
+                await self._move(node, session_id)
+                moved += 1
+            except Exception as exc:
+                log.error("session %s not moved off node %s: %s", session_id, node.id, exc)
+                failed.append(session_id)
+        copied = 0
+        for snapshot_id in snapshot_ids:
+            target = choose(self._alive(), "lean")
+            if target is None:
+                break
+            raw, image = node.handle.export_snapshot.options(num_returns=2).remote(snapshot_id)
+            await target.handle.adopt_snapshot.remote(raw, image)
+            await self.engine.directory.place_snapshot.remote(snapshot_id, target.id)
+            copied += 1
+        log.info("node %s drained: %d sessions moved, %d failed", node.id, moved, len(failed))
+        return {"node": node.id, "moved": moved, "failed": failed, "snapshots": copied}
+
+    async def _move(self, source: Node, session_id: str) -> None:
+        """Pause a session on source and resume it, same id and state, on another node: its
+        image goes from node to node through Ray's object store."""
+        target = choose(self._alive(), "lean")
+        if target is None:
+            raise TooManySessions("no other node has room")
+        raw, image = source.handle.export_session.options(num_returns=2).remote(session_id)
+        try:
+            await target.handle.adopt_session.remote(raw, image)
+        except BaseException:
+            await source.handle.release_session.remote(session_id, False)
+            raise
+        await self.engine.directory.place.remote([session_id], target.id)
+        self._where[session_id] = target.id
+        await source.handle.release_session.remote(session_id, True)
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Leave the cluster. A local one (local:N) is ours: its agents pause their sessions
+        and stop, then Ray's processes go too."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        for node in self.nodes.values():
+            if node.link is not None:
+                node.link.close("the front end stopped")
+        if self.engine.local:
+            agents = [n for n in self.nodes.values() if n.state != DEAD and n.handle is not None]
+            results = await asyncio.gather(
+                *(asyncio.wait_for(n.handle.stop.remote(), AGENT_STOP_S) for n in agents),
+                return_exceptions=True,
+            )
+            for node, result in zip(agents, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.error("node agent %s did not stop cleanly: %s", node.id, result)
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.to_thread(self.engine.close)
+
+
+def _b64(data: bytearray) -> str:
+    return codec.bytes_out(bytes(data))
