@@ -192,6 +192,7 @@ class Engine:
         sandboxes' state, mounts and cgroups) goes, as a restarted server cleans its own."""
         from cloche.sandbox.base import create_backend
 
+        assert self.local, "only a local cluster's node directories are swept"
         for index in range(self._nodes):
             node = RayNode("", "", index)
             with contextlib.suppress(ClocheError, OSError):
@@ -204,8 +205,8 @@ class Engine:
             ray.shutdown()
         if self._local is not None:
             self._local.shutdown()
-            self._local = None
             self.sweep()
+            self._local = None
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             os.environ.pop("RAY_TMPDIR", None)

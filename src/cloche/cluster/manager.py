@@ -100,6 +100,7 @@ class ClusterSessionManager(SessionManager):
         self._watcher: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._stopped = False
+        self.created = 0  # sessions this front end placed
         self._news = asyncio.Event()  # set at each new report of a node's figures
         if config.llm is not None:  # the RLM endpoint's own calls (cells use their node's)
             from cloche.llm.broker import Broker
@@ -314,6 +315,7 @@ class ClusterSessionManager(SessionManager):
             finally:
                 node.inflight -= 1
             self._link_stats(node.link, reply["stats"])
+            self.created += 1
             info = codec.info_in(reply["info"])
             self._where[info.id] = node.id
             await self.engine.directory.place.remote([info.id], node.id)

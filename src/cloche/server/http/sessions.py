@@ -255,10 +255,11 @@ async def _stream(
             if not finished and not task.done():
                 log.info("stream of session %s dropped: stopping its cell", session_id)
                 if running:
-                    try:
-                        await manager.interrupt(session_id, owner)
-                    except ClocheError:
-                        pass
+                    # In a task of its own: this body is being cancelled (the client left),
+                    # and an interrupt sent to another node must not be cancelled with it.
+                    stop = asyncio.create_task(_interrupt_quietly(manager, session_id, owner))
+                    background.add(stop)
+                    stop.add_done_callback(background.discard)
                 else:
                     # The cell may still wait behind another request's, which an interrupt
                     # would hit: cancelling takes it out of the queue, or, if it started
@@ -270,6 +271,13 @@ async def _stream(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def _interrupt_quietly(manager: SessionManager, session_id: str, owner: str | None) -> None:
+    try:
+        await manager.interrupt(session_id, owner)
+    except ClocheError:
+        pass  # it ended, or the session went, meanwhile
 
 
 @router.post(
