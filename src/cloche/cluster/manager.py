@@ -525,8 +525,12 @@ class ClusterSessionManager(SessionManager):
             target = choose(self._alive(), "lean")
             if target is None:
                 break
-            raw, image = node.handle.export_snapshot.options(num_returns=2).remote(snapshot_id)
-            await target.handle.adopt_snapshot.remote(raw, image)
+            try:
+                raw, image = node.handle.export_snapshot.options(num_returns=2).remote(snapshot_id)
+                await target.handle.adopt_snapshot.remote(raw, image)
+            except Exception as exc:  # deleted meanwhile, or no room there: it stays
+                log.error("snapshot %s not copied off node %s: %s", snapshot_id, node.id, exc)
+                continue
             await self.engine.directory.place_snapshot.remote(snapshot_id, target.id)
             copied += 1
         log.info("node %s drained: %d sessions moved, %d failed", node.id, moved, len(failed))

@@ -13,6 +13,7 @@ import asyncio
 import errno
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -110,7 +111,7 @@ class Checkpoints:
             RestoreRefused: the image was made elsewhere, is damaged, or did not start.
         """
         here = self.origin(runtime)
-        if origin != here:
+        if _across_platforms(origin) != _across_platforms(here):
             raise RestoreRefused(
                 f"the image was made by {origin or 'an unknown runtime'}, and this server runs "
                 f"{here}: it can't be restored here"
@@ -166,3 +167,9 @@ def unpack_home(data: bytes, home: Path) -> None:
         raise
     finally:
         tar.unlink(missing_ok=True)
+
+
+def _across_platforms(origin: str) -> str:
+    """An origin without runsc's platform: images restore across systrap and ptrace (a
+    server picks ptrace for new sandboxes when busy; nodes of a cluster may differ)."""
+    return re.sub(r" (systrap|ptrace)(?= |$)", "", origin)

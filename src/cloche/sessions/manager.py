@@ -972,7 +972,9 @@ class LocalSessionManager(SessionManager):
         Raises:
             SessionNotFound, CheckpointFailed, StorageFull: it stays here as it was.
         """
-        session = self._find(session_id, None)
+        session = self._sessions.get(session_id)  # whoever owns it: the cluster moves it
+        if session is None or not session.usable:
+            raise SessionNotFound(session_id)
         self._moving[session_id] = asyncio.Event()
         try:
             for _ in range(3):  # a cell queued before the move may wake it once more
@@ -1011,7 +1013,9 @@ class LocalSessionManager(SessionManager):
 
     async def export_snapshot(self, snapshot_id: str) -> tuple[SnapshotRecord, bytes]:
         """A snapshot's record and image, for another node to adopt (it stays here too)."""
-        record = self._snapshot(snapshot_id, None)
+        record = self._snapshots.get(snapshot_id)
+        if record is None:
+            raise SnapshotNotFound(snapshot_id)
         image = await asyncio.to_thread(pack_home, self.store.snapshot_dir(snapshot_id))
         return record, image
 
