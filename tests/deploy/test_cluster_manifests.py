@@ -482,3 +482,206 @@ def test_image_sh_builds_the_cluster_image_when_asked(
     argv = (tmp_path / "docker.argv").read_text().split("\0")[:-1]
     assert f"CLOCHE_EXTRAS={extras}" in argv
     assert argv[argv.index("--tag") + 1] == tag
+
+
+# The pods in Docker: the cluster image, each pod's command, environment (what KubeRay adds)
+# and securityContext as `docker run` flags, on one Docker network. The front end is a
+# stand-in Ray driver (these tests are about the pods' Ray and privileges); the node agent a
+# Ray actor placed as the front end places agents, running a cloche server on the agent port.
+
+CLUSTER_IMAGE = "cloche:test-cluster"
+PATH_IN_IMAGE = "/opt/cloche/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+FRONT_END_STAND_IN = """#!/bin/bash
+exec python -u -c '
+import signal, sys, time, ray
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+ray.init("auto", logging_level="WARNING")
+print("front end stand-in: joined Ray", flush=True)
+while True:
+    time.sleep(1)
+'
+"""
+NODES = """
+import json, ray
+ray.init("auto", logging_level="WARNING")
+print(json.dumps([n["Resources"] for n in ray.nodes() if n["Alive"]]))
+"""
+AGENT = """
+import json, os, subprocess, time, urllib.request
+import ray
+from cloche.client.tcp import TCPClient
+
+ray.init("auto", logging_level="WARNING")
+
+
+@ray.remote(resources={"cloche_node": 1}, num_cpus=0)
+class Agent:
+    def start(self, port):
+        self.server = subprocess.Popen(
+            ["cloche", "serve", "--tcp-port", str(port), "--http-port", str(port + 1),
+             "--pool-size", "1", "--data-pool-size", "0", "--data-template", "false"],
+            env={**os.environ, "CLOCHE_HOST": "0.0.0.0", "CLOCHE_TOKEN": "agent-token"},
+        )
+        deadline = time.monotonic() + 120
+        while self.server.poll() is None and time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/health", timeout=5)
+                return ray.util.get_node_ip_address()
+            except OSError:
+                time.sleep(0.5)  # polling for /health, with a deadline
+        raise RuntimeError(f"the server did not start: {self.server.poll()}")
+
+    def stop(self):
+        self.server.terminate()
+        return self.server.wait(60)
+
+
+agent = Agent.remote()
+address = ray.get(agent.start.remote(PORT), timeout=180)
+with TCPClient(address, PORT) as client:
+    sid = client.run("x = 1", token="agent-token")["session_id"]
+    cells = [
+        client.run("x + 1", sid, token="agent-token")["output"],
+        client.run("print(open('/proc/version').read())", sid, token="agent-token")["output"],
+    ]
+print(json.dumps({"cells": cells, "stopped": ray.get(agent.stop.remote(), timeout=90)}))
+"""
+
+
+def docker(*args: str, timeout_s: float = 120.0, check: bool = True) -> str:
+    done = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:3])} failed: {done.stderr.strip()[-2000:]}")
+    return done.stdout.strip()
+
+
+def docker_flags(spec: Any) -> list[str]:
+    """A container's securityContext and volumes as `docker run` flags (emptyDirs and the
+    ephemeral data volume as tmpfs mounts, which, like them, allow exec)."""
+    context = spec["securityContext"]
+    flags = ["--user", str(context["runAsUser"]), "--cap-drop", "ALL"]
+    for capability in context["capabilities"].get("add", []):
+        flags += ["--cap-add", capability]
+    if context["allowPrivilegeEscalation"] is False:
+        flags += ["--security-opt", "no-new-privileges"]
+    if context["seccompProfile"]["type"] == "Unconfined":
+        flags += ["--security-opt", "seccomp=unconfined"]
+    if context["readOnlyRootFilesystem"]:
+        flags.append("--read-only")
+    for mount in spec["volumeMounts"]:
+        flags += ["--tmpfs", f"{mount['mountPath']}:exec"]
+    return flags
+
+
+@pytest.fixture(scope="module")
+def cluster_image(docker_daemon: None) -> str:
+    before = docker("image", "inspect", "--format", "{{.Id}}", CLUSTER_IMAGE, check=False)
+    subprocess.run(
+        [str(REPO / "scripts" / "image.sh"), "--cluster", CLUSTER_IMAGE],
+        capture_output=True,
+        timeout=1800,
+        check=True,
+    )
+    after = docker("image", "inspect", "--format", "{{.Id}}", CLUSTER_IMAGE)
+    if before.startswith("sha256:") and before != after:
+        docker("image", "rm", before, check=False)
+    return CLUSTER_IMAGE
+
+
+class Pods:
+    """The head and one worker of the RayCluster, as containers on a network of their own."""
+
+    def __init__(self, image: str, head: Any, worker: Any, stand_ins: Path) -> None:
+        suffix = os.urandom(4).hex()
+        self.network = f"cloche-test-ray-{suffix}"
+        self.head = f"cloche-test-head-{suffix}"
+        self.worker = f"cloche-test-worker-{suffix}"
+        self.image = image
+        self.ray_token = os.urandom(16).hex()
+        (stand_ins / "cloche").write_text(FRONT_END_STAND_IN)
+        (stand_ins / "cloche").chmod(0o755)
+        docker("network", "create", self.network)
+        self.run(
+            self.head,
+            head,
+            "head",
+            ["-v", f"{stand_ins}:/stand-ins:ro", "-e", f"PATH=/stand-ins:{PATH_IN_IMAGE}"],
+            "127.0.0.1:6379",
+        )
+        self.run(self.worker, worker, "worker", [], f"{self.head}:6379")
+
+    def run(self, name: str, group: Any, node_type: str, extra: list[str], ray: str) -> None:
+        spec = container(group)
+        params = {**group, "rayStartParams": dict(group["rayStartParams"])}
+        if node_type == "worker":
+            params["rayStartParams"]["address"] = ray
+        env = {
+            "RAY_ADDRESS": ray,  # what KubeRay sets
+            "RAY_AUTH_MODE": "token",  # authOptions
+            "RAY_AUTH_TOKEN": self.ray_token,
+            "KUBERAY_GEN_RAY_START_CMD": generated_ray_start(params, node_type),
+            "CLOCHE_TOKEN": "test-token",  # the Secret
+        }
+        env.update({item["name"]: item["value"] for item in spec["env"] if "value" in item})
+        flags = [f"--env={key}={value}" for key, value in env.items()]
+        docker(
+            "run", "-d", "--name", name, "--hostname", name, "--network", self.network,
+            "--shm-size", "1g", *docker_flags(spec), *flags, *extra,
+            "--entrypoint", spec["command"][0], self.image, *spec["command"][1:], *spec["args"],
+        )  # fmt: skip
+
+    def python(self, code: str, timeout_s: float = 300.0) -> Any:
+        """Runs code on the head (Ray's address and token in its environment); its JSON line."""
+        return json.loads(docker("exec", self.head, "python", "-c", code, timeout_s=timeout_s))
+
+    def remove(self) -> None:
+        docker("rm", "--force", self.head, self.worker, check=False)
+        docker("network", "rm", self.network, check=False)
+
+
+@pytest.fixture
+def pods(cluster_image: str, head: Any, worker: Any, tmp_path: Path) -> Iterator[Pods]:
+    started = Pods(cluster_image, head, worker, tmp_path)
+    try:
+        yield started
+    finally:
+        started.remove()
+
+
+def worker_node(pods: Pods) -> dict[str, float]:
+    deadline = time.monotonic() + 120
+    while True:
+        nodes = pods.python(NODES)
+        found = [node for node in nodes if "cloche_node" in node]
+        if found:
+            (node,) = found
+            return {**node, "nodes": len(nodes)}
+        assert time.monotonic() < deadline, f"no worker joined: {nodes}"
+        time.sleep(1)  # polling for the worker's raylet, with a deadline
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_pods_form_a_ray_cluster_and_an_agent_runs_sandboxes_on_the_worker(pods) -> None:
+    node = worker_node(pods)
+    assert node["cloche_node"] == 1 and node["nodes"] == 2  # the head offers none
+    answer = pods.python(AGENT.replace("PORT", str(AGENT_PORT)))
+    assert answer["cells"][0] == "2\n"
+    assert "Linux version 4.4.0" in answer["cells"][1]  # gVisor's kernel, inside the worker pod
+    assert answer["stopped"] == 0
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_head_stops_its_front_end_then_ray_on_sigterm(pods) -> None:
+    worker_node(pods)
+    docker("stop", "--time", "60", pods.head, timeout_s=120)
+    assert docker("inspect", "--format", "{{.State.ExitCode}}", pods.head) == "0"
+    logs = subprocess.run(
+        ["docker", "logs", pods.head], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "front end stand-in: joined Ray" in logs.stdout + logs.stderr
