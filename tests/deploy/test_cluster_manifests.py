@@ -665,9 +665,14 @@ def worker_node(pods: Pods) -> dict[str, float]:
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_the_pods_form_a_ray_cluster_and_an_agent_runs_sandboxes_on_the_worker(pods) -> None:
+def test_the_pods_form_a_ray_cluster_and_an_agent_runs_sandboxes_on_the_worker(
+    pods, worker
+) -> None:
     node = worker_node(pods)
     assert node["cloche_node"] == 1 and node["nodes"] == 2  # the head offers none
+    raylet = int(worker["rayStartParams"]["node-manager-port"])  # what the probes ask
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {raylet}), 5)"
+    docker("exec", pods.worker, "python", "-c", probe)
     answer = pods.python(AGENT.replace("PORT", str(AGENT_PORT)))
     assert answer["cells"][0] == "2\n"
     assert "Linux version 4.4.0" in answer["cells"][1]  # gVisor's kernel, inside the worker pod
