@@ -22,7 +22,10 @@ COPY runtime-requirements.txt ./
 RUN .venv/bin/pip install --no-cache-dir -q --disable-pip-version-check \
         --target .runtime/site-packages -r runtime-requirements.txt
 COPY pyproject.toml ./
-RUN .venv/bin/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' >requirements.txt \
+# Optional extras of pyproject.toml to install too, comma-separated: `cluster` (Ray) makes the
+# image of cluster mode's pods (scripts/image.sh --cluster; deploy/kubernetes/cluster/).
+ARG CLOCHE_EXTRAS=""
+RUN .venv/bin/python -c 'import os, tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; extras = [e.strip() for e in os.environ.get("CLOCHE_EXTRAS", "").split(",") if e.strip()]; print(*project["dependencies"], *(r for e in extras for r in project["optional-dependencies"][e]), sep="\n")' >requirements.txt \
     && .venv/bin/pip install --no-cache-dir -q --disable-pip-version-check -r requirements.txt
 COPY README.md ./
 COPY src ./src

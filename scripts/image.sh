@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds cloche's container image: scripts/image.sh [TAG [DOCKER-BUILD-OPTION...]]
+# Builds cloche's container image: scripts/image.sh [--cluster] [TAG [DOCKER-BUILD-OPTION...]]
 # (default TAG: cloche:latest; e.g. scripts/image.sh cloche:dev --no-cache for a cold build)
+# --cluster adds the `cluster` extra (Ray) for cluster mode's pods (deploy/kubernetes/cluster/);
+# its default TAG is cloche:cluster. CLOCHE_EXTRAS=a,b names pyproject.toml's extras directly.
 # No image registry is needed: the Debian bookworm base image is made here from the
 # machine's own Debian mirror with mmdebstrap, once, and reused by later builds.
 # pip in the build trusts the machine's local CAs (/usr/local/share/ca-certificates).
@@ -9,7 +11,14 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-tag=${1:-cloche:latest}
+extras=${CLOCHE_EXTRAS:-}
+default_tag=cloche:latest
+if [ "${1:-}" = --cluster ]; then
+    extras=${extras:+$extras,}cluster
+    default_tag=cloche:cluster
+    shift
+fi
+tag=${1:-$default_tag}
 shift || true
 base=${CLOCHE_BASE_IMAGE:-cloche-base:bookworm}
 say() { printf '[image] %s\n' "$*" >&2; }
@@ -80,5 +89,6 @@ local_cas() {
 }
 
 build_base
-say "building $tag"
-docker build --build-arg "BASE=$base" --build-arg "EXTRA_CA_CERTS=$(local_cas)" --tag "$tag" "$@" .
+say "building $tag${extras:+ with the extras $extras}"
+docker build --build-arg "BASE=$base" --build-arg "EXTRA_CA_CERTS=$(local_cas)" \
+    --build-arg "CLOCHE_EXTRAS=$extras" --tag "$tag" "$@" .
