@@ -28,7 +28,7 @@ CLUSTER = REPO / "deploy" / "kubernetes" / "cluster"
 SINGLE_SERVER = REPO / "deploy" / "kubernetes" / "statefulset.yaml"
 DATA_DIR = "/var/lib/cloche"
 # The node agent's port (--cluster-agent-port): 7100 until ServerConfig names it.
-AGENT_PORT = getattr(DEFAULTS, "cluster_agent_port", 7100)
+AGENT_PORT = DEFAULTS.cluster_agent_port
 DEADLINE_S = 30.0
 
 
