@@ -136,6 +136,10 @@ class NodeAgent:
         info = await self.manager.create(owner, profile, snapshot)
         return {"info": codec.info_out(info), "stats": self.stats()}
 
+    async def _op_holds(self, on_event: EventCallback, session_id: str) -> bool:
+        """Whether this node holds the session, whoever owns it (a front end looking for it)."""
+        return session_id in self.manager.session_ids()
+
     async def _op_info(self, on_event: EventCallback, session_id: str, owner: str | None) -> Any:
         return codec.info_out(await self.manager.info(session_id, owner))
 

@@ -259,7 +259,7 @@ class ClusterSessionManager(SessionManager):
         if node_id is None:
             node_id = await self.engine.directory.lookup.remote(session_id)
             if node_id is None:
-                raise SessionNotFound(session_id)
+                node_id = await self._ask_nodes(session_id)
             self._where[session_id] = node_id
         node = self.nodes.get(node_id)
         if node is None:  # a node this front end has not met yet
@@ -268,6 +268,19 @@ class ClusterSessionManager(SessionManager):
         if node is None or node.state == DEAD or node.link is None:
             raise node_failed(session_id)
         return node
+
+    async def _ask_nodes(self, session_id: str) -> str:
+        """The node that holds a session the directory does not know yet (its placement is
+        on its way). Raises SessionNotFound."""
+        nodes = self._alive()
+        answers = await asyncio.gather(
+            *(n.link.call("holds", {"session_id": session_id}) for n in nodes if n.link),
+            return_exceptions=True,
+        )
+        for node, answer in zip(nodes, answers, strict=True):
+            if answer is True:
+                return node.id
+        raise SessionNotFound(session_id)
 
     async def _call(
         self,
@@ -318,7 +331,8 @@ class ClusterSessionManager(SessionManager):
             self.created += 1
             info = codec.info_in(reply["info"])
             self._where[info.id] = node.id
-            await self.engine.directory.place.remote([info.id], node.id)
+            # Not waited for: a front end that asks before it lands asks the nodes instead.
+            self._in_background(self.engine.directory.place.remote([info.id], node.id))
             return info
         raise SandboxStartError("no node of the cluster could start a session")
 
