@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cloche.client.tcp import TCPClient
 from support import ServerProcess, require_cluster
@@ -106,6 +107,14 @@ def test_sessions_spread_over_the_nodes_and_each_keeps_its_state(cluster) -> Non
         assert shares[0] >= 15, f"an unfair spread: {shares}"
         for i, session_id in enumerate(ids):
             assert run(http, session_id, "x") == i
+        # /metrics has each node's own figures, labelled with its id.
+        cells = {
+            sample.labels.get("node"): sample.value
+            for family in text_string_to_metric_families(http.get("/metrics").text)
+            for sample in family.samples
+            if sample.name == "cloche_cells_total" and sample.labels.get("status") == "ok"
+        }
+        assert all(cells.get(node_id, 0) >= 15 for node_id in nodes(http)), cells
         for session_id in ids:
             assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
         wait_for(lambda: held(http) == 0, "the nodes to report them closed")

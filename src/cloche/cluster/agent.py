@@ -271,5 +271,8 @@ class NodeAgent:
     ) -> Any:
         return await self.manager.install_packages(session_id, specs, owner)
 
+    async def _op_metrics(self, on_event: EventCallback) -> str:
+        return self.manager.metrics.render().decode()
+
     async def _op_profiles(self, on_event: EventCallback) -> Any:
         return self.manager.profiles()

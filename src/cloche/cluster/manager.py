@@ -22,6 +22,7 @@ from cloche.cluster import codec
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.engine import Engine, RayNode
 from cloche.cluster.link import AgentLink, LinkDown
+from cloche.cluster.metrics import merge
 from cloche.cluster.placement import choose
 from cloche.config import ServerConfig
 from cloche.errors import (
@@ -49,6 +50,7 @@ WATCH_S = 2.0  # how often the front end looks for new nodes and others' verdict
 AGENT_START_S = 300.0  # a node agent's start (its pools fill first)
 AGENT_STOP_S = 120.0  # a node agent pausing its sessions at the cluster's stop
 STREAM_CHUNK_BYTES = 1 << 20
+METRICS_WAIT_S = 2.0  # a node slower than this to give its figures is left out of a scrape
 
 
 def node_failed(session_id: str) -> SessionLost:
@@ -238,6 +240,20 @@ class ClusterSessionManager(SessionManager):
 
     def _alive(self) -> builtins.list[Node]:
         return [n for n in self.nodes.values() if n.state == ALIVE and n.link is not None]
+
+    async def metrics_text(self) -> bytes:
+        """This front end's figures and every live node's, labelled with its id."""
+        nodes = self._alive()
+        answers = await asyncio.gather(
+            *(
+                asyncio.wait_for(n.link.call("metrics"), METRICS_WAIT_S)
+                for n in nodes
+                if n.link is not None
+            ),
+            return_exceptions=True,
+        )
+        texts = {n.id: a for n, a in zip(nodes, answers, strict=True) if isinstance(a, str)}
+        return merge(self.metrics.render(), texts)
 
     def cluster_view(self) -> dict[str, Any]:
         return {

@@ -258,6 +258,11 @@ class SessionManager(abc.ABC):
     async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
         """Wait until the pools of a profile hold their ready sandboxes (start-up, tests)."""
 
+    async def metrics_text(self) -> bytes | None:
+        """The Prometheus text of /metrics when the manager has figures of its own beyond
+        the server's registry (a cluster's nodes); None: the registry alone."""
+        return None
+
     def cluster_view(self) -> dict[str, Any] | None:
         """GET /v1/cluster: the Ray cluster's address and its nodes; None on one machine."""
         return None

@@ -61,7 +61,8 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics_endpoint(request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        text = await manager.metrics_text()
+        return Response(text if text is not None else metrics.render(), media_type=CONTENT_TYPE)
 
     mcp_http.mount(app, config)  # MCP's streamable HTTP transport at /mcp
     app.add_middleware(
