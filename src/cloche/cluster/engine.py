@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass, replace
 from typing import Any
@@ -88,6 +89,8 @@ class Engine:
             raise ConfigError(
                 f"--cluster must be local:N, auto, HOST:PORT or ray://HOST:PORT, not {self.spec!r}"
             )
+        elif self.spec != "auto" and not self.spec.startswith("ray://"):
+            _reachable(self.spec)  # Ray itself would wait minutes for a GCS that isn't there
         try:
             ray.init(
                 address=address,
@@ -95,6 +98,11 @@ class Engine:
                 logging_level=logging.WARNING,
                 log_to_driver=False,
             )
+        except ImportError as exc:  # ray:// needs Ray Client's gRPC
+            self.close()
+            raise ConfigError(
+                f"--cluster {address} needs Ray Client: pip install 'ray[client]==2.60.0' ({exc})"
+            ) from exc
         except (ConnectionError, RuntimeError, ValueError) as exc:
             self.close()
             raise ConfigError(f"can't join the Ray cluster at {address}: {exc}") from exc
@@ -221,3 +229,16 @@ def _head_affinity(ray: Any) -> Any:
         if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
             return NodeAffinitySchedulingStrategy(node["NodeID"], soft=True)
     return "DEFAULT"
+
+
+def _reachable(address: str) -> None:
+    """Raises ConfigError when nothing answers at HOST:PORT."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"no Ray cluster answers at {address} ({exc}): give the head's GCS address "
+            "(ray start --head prints it), or local:N"
+        ) from exc
