@@ -20,7 +20,7 @@ from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
 from cloche.config import ServerConfig
 from cloche.errors import ClocheError, PathRefused
-from cloche.sandbox.base import create_backend
+from cloche.sandbox.registry import create_backend
 from cloche.server.metrics import Metrics
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import LocalSessionManager

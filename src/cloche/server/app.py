@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from cloche.config import ServerConfig
-from cloche.sandbox.base import Backend, create_backend
+from cloche.sandbox.base import Backend
+from cloche.sandbox.registry import create_backend
 from cloche.server.http import HTTPFrontEnd
 from cloche.server.metrics import Metrics
 from cloche.server.tcp import TCPFrontEnd
