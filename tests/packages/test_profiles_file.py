@@ -154,7 +154,7 @@ async def test_a_session_of_a_profile_still_building_waits_then_gets_a_clear_503
     """The manager's side alone (no sandbox is started): the build never ends here."""
     from cloche.errors import SandboxStartError, UnknownProfile
     from cloche.packages.profiles import ProfileCatalog, ProfileState, ProfileStatus
-    from cloche.sandbox.base import create_backend
+    from cloche.sandbox.registry import create_backend
     from cloche.sessions import manager as manager_module
 
     config = make_config(tmp_path, backend="unsafe-local", pool_size=0)

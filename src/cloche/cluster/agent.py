@@ -20,7 +20,8 @@ from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
 from cloche.config import ServerConfig
 from cloche.errors import ClocheError, PathRefused
-from cloche.sandbox.base import create_backend
+from cloche.sandbox.registry import create_backend
+from cloche.server.metrics import Metrics
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import LocalSessionManager
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
@@ -47,7 +48,9 @@ class NodeAgent:
         self.config = config
         self.node_id = node_id
         self.host = host
-        self.manager = LocalSessionManager(config, create_backend(config))
+        self.metrics = Metrics()  # this node's figures, for the front ends' /metrics
+        self.manager = LocalSessionManager(config, create_backend(config), observer=self.metrics)
+        self.metrics.watch(self.manager)
         self.server = AgentServer(node_id, secret, self._handle)
         self.port = 0
         self._started: asyncio.Task[None] | None = None
@@ -272,7 +275,7 @@ class NodeAgent:
         return await self.manager.install_packages(session_id, specs, owner)
 
     async def _op_metrics(self, on_event: EventCallback) -> str:
-        return self.manager.metrics.render().decode()
+        return self.metrics.render().decode()
 
     async def _op_profiles(self, on_event: EventCallback) -> Any:
         return self.manager.profiles()

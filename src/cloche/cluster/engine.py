@@ -198,7 +198,7 @@ class Engine:
     def sweep(self) -> None:
         """After a local cluster's end: what its agents left (one killed -9 leaves its
         sandboxes' state, mounts and cgroups) goes, as a restarted server cleans its own."""
-        from cloche.sandbox.base import create_backend
+        from cloche.sandbox.registry import create_backend
 
         assert self.local, "only a local cluster's node directories are swept"
         for index in range(self._nodes):

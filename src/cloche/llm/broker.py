@@ -19,7 +19,7 @@ import openai
 
 from cloche.config import LLMConfig
 from cloche.errors import LLMBudgetExceeded, LLMError
-from cloche.server.metrics import Metrics
+from cloche.sessions.observer import Observer
 
 log = logging.getLogger("cloche.llm")
 
@@ -57,9 +57,9 @@ class Budget:
 class Broker:
     """Makes the server's language-model calls."""
 
-    def __init__(self, config: LLMConfig, metrics: Metrics) -> None:
+    def __init__(self, config: LLMConfig, observer: Observer | None = None) -> None:
         self.config = config
-        self.metrics = metrics
+        self.observer = observer or Observer()  # told of each call (the server's metrics)
         self._client = openai.AsyncOpenAI(
             api_key=config.api_key or "unused",
             base_url=config.base_url,
@@ -156,7 +156,7 @@ class Broker:
         budget.calls += 1
 
     def _refused(self, budget: Budget, which: str) -> None:
-        self.metrics.llm_budget_refusals.labels(which).inc()
+        self.observer.llm_refused(which)
         log.info("llm refused session=%s budget=%s", budget.session_id, which)
 
     async def _complete(self, messages: list[dict[str, str]], model: str) -> Completion:
@@ -224,11 +224,7 @@ class Broker:
         completion_tokens = completion.completion_tokens if completion else 0
         budget.prompt_tokens += prompt_tokens
         budget.completion_tokens += completion_tokens
-        metrics = self.metrics
-        metrics.llm_calls.labels(label, kind, outcome).inc()
-        metrics.llm_latency.labels(label, kind).observe(seconds)
-        metrics.llm_tokens.labels(label, "prompt").inc(prompt_tokens)
-        metrics.llm_tokens.labels(label, "completion").inc(completion_tokens)
+        self.observer.llm_call(label, kind, outcome, seconds, prompt_tokens, completion_tokens)
         log.info(
             "llm call session=%s kind=%s model=%s outcome=%s latency_ms=%.1f prompt_chars=%d "
             "answer_chars=%d prompt_tokens=%d completion_tokens=%d",

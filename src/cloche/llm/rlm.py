@@ -134,7 +134,7 @@ class RLM:
                 outcome = "ok" if finished else "cut_off"
             finally:
                 budget.default_model = None  # the session's own cells get the server's again
-                self.broker.metrics.rlm_runs.labels(outcome).inc()
+                self.broker.observer.rlm_run(outcome)
                 log.info(
                     "rlm run session=%s model=%s outcome=%s duration_ms=%.0f",
                     session_id,
@@ -142,7 +142,7 @@ class RLM:
                     outcome,
                     (time.perf_counter() - started) * 1000,
                 )
-            self.broker.metrics.rlm_iterations.observe(iterations)
+            self.broker.observer.rlm_turns(iterations)
             return RLMResult(
                 answer=answer,
                 iterations=iterations,

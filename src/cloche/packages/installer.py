@@ -31,7 +31,7 @@ _DISK_SLACK_BYTES = 1 * MIB  # left free on a session's disk beyond the packages
 
 
 class InstallObserver(Protocol):
-    """Told about each install (the server's metrics)."""
+    """Told about each install (the server's metrics, through `sessions.observer.Observer`)."""
 
     def package_install(
         self, outcome: str, seconds: float, downloaded: int, cached: int, written_bytes: int

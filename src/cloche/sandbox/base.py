@@ -1,4 +1,5 @@
-"""The backend interface, modelled on `subprocess.Popen`, and the registry of backends.
+"""The backend interface, modelled on `subprocess.Popen` (the named registry of backends is
+`registry.py`).
 
 A `Backend` is prepared once per server (checks, state directory, leftovers of a crashed
 run) and makes `Sandbox`es. A `Sandbox` is one started kernel: launch it, talk to it over
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import IO, ClassVar
 
 from cloche.config import Limits, ServerConfig
-from cloche.errors import ConfigError
 from cloche.sandbox.state import StateDir
 
 log = logging.getLogger("cloche.sandbox")
@@ -247,22 +247,3 @@ def interrupt_pid(pid: int | None) -> None:
         os.kill(pid, signal.SIGINT)
     except ProcessLookupError:
         pass
-
-
-def create_backend(config: ServerConfig) -> Backend:
-    """The backend named by config.backend ("auto" is gVisor: unsafe_local is opt-in only)."""
-    from cloche.sandbox.gvisor import GVisorBackend
-    from cloche.sandbox.unsafe_local import UnsafeLocalBackend
-
-    registry: dict[str, type[Backend]] = {
-        "auto": GVisorBackend,
-        "gvisor": GVisorBackend,
-        "unsafe-local": UnsafeLocalBackend,
-        "unsafe_local": UnsafeLocalBackend,
-    }
-    try:
-        backend_class = registry[config.backend]
-    except KeyError:
-        names = ", ".join(sorted({"auto", "gvisor", "unsafe-local"}))
-        raise ConfigError(f"unknown backend {config.backend!r}; choose one of {names}") from None
-    return backend_class(config)

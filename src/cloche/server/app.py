@@ -9,8 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from cloche.config import ServerConfig
-from cloche.sandbox.base import Backend, create_backend
+from cloche.sandbox.base import Backend
+from cloche.sandbox.registry import create_backend
 from cloche.server.http import HTTPFrontEnd
+from cloche.server.metrics import Metrics
 from cloche.server.tcp import TCPFrontEnd
 from cloche.sessions.manager import LocalSessionManager
 
@@ -37,10 +39,13 @@ class Server:
             from cloche.cluster.manager import ClusterSessionManager
 
             self.manager = ClusterSessionManager(config)
+            self.metrics = self.manager.metrics
         else:
             self.backend = backend or create_backend(config)
-            self.manager = LocalSessionManager(config, self.backend)
-        self.tcp = TCPFrontEnd(self.manager, config, self.manager.metrics)
+            self.metrics = Metrics()
+            self.manager = LocalSessionManager(config, self.backend, observer=self.metrics)
+            self.metrics.watch(self.manager)
+        self.tcp = TCPFrontEnd(self.manager, config, self.metrics)
         self.http: HTTPFrontEnd | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -55,7 +60,7 @@ class Server:
         await self.manager.start()
         try:
             await self.tcp.start()
-            self.http = HTTPFrontEnd(self.manager, self.config, self.manager.metrics)
+            self.http = HTTPFrontEnd(self.manager, self.config, self.metrics)
             self._http_task = asyncio.create_task(self.http.serve(), name="cloche-http")
         except BaseException:
             await self.stop()

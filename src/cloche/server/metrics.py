@@ -1,8 +1,9 @@
 """Prometheus metrics: sessions, cells, sandbox starts, limit breaches, rejected requests.
 
 Each server has its own registry (several servers may live in one process, as in tests).
-Counters and histograms are fed by the session manager and the front ends; gauges are read
-from the manager when scraped.
+Counters and histograms are fed by the layers below as their `Observer` (the session
+manager, pools, installer and LLM broker) and by the front ends; gauges are read from the
+manager when scraped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from cloche.sessions.observer import Observer
 
 if TYPE_CHECKING:
     from cloche.sessions.manager import LocalSessionManager
@@ -44,7 +47,7 @@ _START_BUCKETS_S = (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 _LLM_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 
 
-class Metrics:
+class Metrics(Observer):
     """The metrics of one server."""
 
     def __init__(self) -> None:
@@ -192,6 +195,53 @@ class Metrics:
             registry=self.registry,
         )
 
+    # -- what the layers below report (Observer) -------------------------------------------
+
+    def sandbox_started(self, profile: str, seconds: float) -> None:
+        self.sandbox_start.labels(profile).observe(seconds)
+
+    def sandbox_start_failed(self, profile: str) -> None:
+        self.sandbox_start_failures.labels(profile).inc()
+
+    def session_created(self, profile: str) -> None:
+        self.sessions_created.labels(profile).inc()
+
+    def session_closed(self, reason: str) -> None:
+        self.sessions_closed.labels(reason).inc()
+
+    def cell_finished(self, result: CellResult, seconds: float) -> None:
+        status = result.status.value
+        self.cells.labels(status).inc()
+        self.cell_duration.labels(status).observe(seconds)
+        self.queue_wait.observe(result.queue_wait_s)
+        for kind in breaches(result):
+            self.limit_breaches.labels(kind).inc()
+
+    def session_paused(self, reason: str, image_bytes: int) -> None:
+        self.pauses.labels(reason).inc()
+        self.image_bytes.labels("pause").inc(image_bytes)
+
+    def session_resumed(self, seconds: float) -> None:
+        self.resumes.labels("ok").inc()
+        self.restore_time.labels("resume").observe(seconds)
+
+    def resume_failed(self) -> None:
+        self.resumes.labels("failed").inc()
+
+    def snapshot_taken(self, image_bytes: int) -> None:
+        self.snapshots.inc()
+        self.image_bytes.labels("snapshot").inc(image_bytes)
+
+    def snapshot_restored(self, seconds: float) -> None:
+        self.restore_time.labels("snapshot").observe(seconds)
+
+    def fork_image_saved(self, image_bytes: int) -> None:
+        self.image_bytes.labels("fork").inc(image_bytes)
+
+    def forked(self, copies: int, seconds: float) -> None:
+        self.forks.inc(copies)
+        self.restore_time.labels("fork").observe(seconds)
+
     def package_install(
         self, outcome: str, seconds: float, downloaded: int, cached: int, written_bytes: int
     ) -> None:
@@ -201,6 +251,31 @@ class Metrics:
         self.package_wheels.labels("cache").inc(cached)
         self.package_bytes.inc(written_bytes)
 
+    def llm_call(
+        self,
+        model: str,
+        kind: str,
+        outcome: str,
+        seconds: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        self.llm_calls.labels(model, kind, outcome).inc()
+        self.llm_latency.labels(model, kind).observe(seconds)
+        self.llm_tokens.labels(model, "prompt").inc(prompt_tokens)
+        self.llm_tokens.labels(model, "completion").inc(completion_tokens)
+
+    def llm_refused(self, budget: str) -> None:
+        self.llm_budget_refusals.labels(budget).inc()
+
+    def rlm_run(self, outcome: str) -> None:
+        self.rlm_runs.labels(outcome).inc()
+
+    def rlm_turns(self, iterations: int) -> None:
+        self.rlm_iterations.observe(iterations)
+
+    # -- the server's own -------------------------------------------------------------------
+
     def watch(self, manager: LocalSessionManager) -> None:
         """Report the manager's live state (sessions, pools) at each scrape."""
         self.registry.register(_ManagerCollector(manager))
@@ -208,14 +283,6 @@ class Metrics:
     def watch_cluster(self, view: Callable[[], dict[str, Any] | None]) -> None:
         """Report each node of a cluster (labelled `node`) at each scrape."""
         self.registry.register(_ClusterCollector(view))
-
-    def cell_finished(self, result: CellResult, seconds: float) -> None:
-        status = result.status.value
-        self.cells.labels(status).inc()
-        self.cell_duration.labels(status).observe(seconds)
-        self.queue_wait.observe(result.queue_wait_s)
-        for kind in breaches(result):
-            self.limit_breaches.labels(kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -44,9 +44,9 @@ from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, fi
 from cloche.protocol.paths import normalise
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
-from cloche.server.metrics import Metrics
 from cloche.sessions.durable import Checkpoints, pack_home, unpack_home
 from cloche.sessions.kernel import EventCallback, KernelClient
+from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
 from cloche.sessions.result import CellResult, CellStatus
@@ -274,9 +274,12 @@ class SessionManager(abc.ABC):
 
 class LocalSessionManager(SessionManager):
     """Sessions held in this process, each in its own sandbox from `backend`; paused ones
-    and snapshots on disk under --data-dir."""
+    and snapshots on disk under --data-dir. What happens is told to `observer` (the
+    server's metrics; by default nobody)."""
 
-    def __init__(self, config: ServerConfig, backend: Backend) -> None:
+    def __init__(
+        self, config: ServerConfig, backend: Backend, observer: Observer | None = None
+    ) -> None:
         self.config = config
         self.backend = backend
         self.limits = config.limits
@@ -303,9 +306,9 @@ class LocalSessionManager(SessionManager):
             for profile, size in ((LEAN, config.pool_size), (DATA, config.data_pool_size))
         }
         self.pool = self.pools[LEAN.name]
-        self.metrics = Metrics()
+        self.observer = observer or Observer()
         self.installer = Installer(
-            config.packages, sys.executable, config.runtime_dir, self.metrics
+            config.packages, sys.executable, config.runtime_dir, self.observer
         )
         self.catalog: ProfileCatalog | None = None  # profiles from --profiles
         if config.profiles_file is not None:
@@ -319,7 +322,7 @@ class LocalSessionManager(SessionManager):
         if config.llm is not None:
             from cloche.llm.broker import Broker
 
-            self.llm = Broker(config.llm, self.metrics)
+            self.llm = Broker(config.llm, self.observer)
         for pool in self.pools.values():
             pool.on_start = self._sandbox_started
         self.store = Store(config.data_dir, config.data_max_mib * MIB)
@@ -354,7 +357,6 @@ class LocalSessionManager(SessionManager):
         for pool in self.pools.values():
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
-        self.metrics.watch(self)
         if self.catalog is not None:
             self.catalog.start()
 
@@ -433,9 +435,14 @@ class LocalSessionManager(SessionManager):
 
     def _sandbox_started(self, profile: str, seconds: float, ok: bool) -> None:
         if ok:
-            self.metrics.sandbox_start.labels(profile).observe(seconds)
+            self.observer.sandbox_started(profile, seconds)
         else:
-            self.metrics.sandbox_start_failures.labels(profile).inc()
+            self.observer.sandbox_start_failed(profile)
+
+    @property
+    def metrics(self) -> Observer:
+        """The observer, under the name tools and tests read the server's metrics by."""
+        return self.observer
 
     @property
     def healthy(self) -> bool:
@@ -478,7 +485,7 @@ class LocalSessionManager(SessionManager):
         self._sessions[session.id] = session
         self.store.save(self._record(session, RecordState.LIVE))
         self.created += 1
-        self.metrics.sessions_created.labels(profile).inc()
+        self.observer.session_created(profile)
         log.info(
             "session start id=%s sandbox=%s profile=%s owner=%s",
             session.id,
@@ -630,7 +637,7 @@ class LocalSessionManager(SessionManager):
         except KernelDied as exc:
             self._forget(session, "lost")
             raise SessionNotFound(session_id) from exc
-        self.metrics.cell_finished(result, time.perf_counter() - started)
+        self.observer.cell_finished(result, time.perf_counter() - started)
         if result.status is CellStatus.KILLED:
             self._forget(session, "killed")
         return result
@@ -738,8 +745,7 @@ class LocalSessionManager(SessionManager):
             kernel = session.detach()
             assert kernel is not None
             self._in_background(self._close_kernel(kernel, "paused"))
-            self.metrics.pauses.labels(reason).inc()
-            self.metrics.image_bytes.labels("pause").inc(size)
+            self.observer.session_paused(reason, size)
             log.info(
                 "session paused id=%s reason=%s bytes=%d ms=%.1f",
                 session.id,
@@ -771,7 +777,7 @@ class LocalSessionManager(SessionManager):
                 home, origin=record.origin, reseed=False, limits=limits, runtime=runtime
             )
         except RestoreRefused as exc:
-            self.metrics.resumes.labels("failed").inc()
+            self.observer.resume_failed()
             why = f"because it could not be resumed: {exc}"
             log.error("session broken id=%s: %s", session.id, exc)
             self._lost[session.id] = (session.owner_key, why, session.created_at)
@@ -786,8 +792,7 @@ class LocalSessionManager(SessionManager):
         self.store.save(self._record(session, RecordState.LIVE))
         await asyncio.to_thread(self.checkpoints.discard, home)
         seconds = time.perf_counter() - started
-        self.metrics.resumes.labels("ok").inc()
-        self.metrics.restore_time.labels("resume").observe(seconds)
+        self.observer.session_resumed(seconds)
         log.info("session resumed id=%s ms=%.1f", session.id, seconds * 1000)
 
     def _session_record(self, session_id: str) -> SessionRecord:
@@ -845,8 +850,7 @@ class LocalSessionManager(SessionManager):
             await asyncio.to_thread(self.store.remove, home)
             raise
         record = self._snapshots[snapshot_id]
-        self.metrics.snapshots.inc()
-        self.metrics.image_bytes.labels("snapshot").inc(record.size_bytes)
+        self.observer.snapshot_taken(record.size_bytes)
         log.info("snapshot id=%s session=%s bytes=%d", snapshot_id, session_id, record.size_bytes)
         return record
 
@@ -877,7 +881,7 @@ class LocalSessionManager(SessionManager):
         kernel = await self._restore(
             self.store.snapshot_dir(snapshot_id), record.origin, record.profile
         )
-        self.metrics.restore_time.labels("snapshot").observe(time.perf_counter() - started)
+        self.observer.snapshot_restored(time.perf_counter() - started)
         return self._adopt(kernel, record.owner_key, record.profile, record.execution_count)
 
     async def _restore(self, home: Path, origin: str, profile: str) -> KernelClient:
@@ -931,7 +935,7 @@ class LocalSessionManager(SessionManager):
             else:
                 assert session.kernel is not None
                 size = await self.checkpoints.save(session.kernel, home)
-                self.metrics.image_bytes.labels("fork").inc(size)
+                self.observer.fork_image_saved(size)
 
         made: list[Session] = []
         try:
@@ -955,8 +959,7 @@ class LocalSessionManager(SessionManager):
             failed = [k for k in kernels if isinstance(k, BaseException)]
             if failed:
                 raise failed[0]
-            self.metrics.forks.inc(count)
-            self.metrics.restore_time.labels("fork").observe(time.perf_counter() - started)
+            self.observer.forked(count, time.perf_counter() - started)
             log.info("fork session=%s copies=%s", session_id, ",".join(s.id for s in made))
             return [s.info() for s in made]
         except BaseException:
@@ -1042,7 +1045,7 @@ class LocalSessionManager(SessionManager):
     def _remove(self, session: Session, reason: str) -> None:
         del self._sessions[session.id]
         self.closed_by_reason[reason] += 1
-        self.metrics.sessions_closed.labels(reason).inc()
+        self.observer.session_closed(reason)
 
     async def _close(self, session: Session, reason: str) -> None:
         step = await session.close(reason)

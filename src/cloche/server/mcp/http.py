@@ -1,11 +1,11 @@
 """MCP's streamable HTTP transport at /mcp on the server's HTTP port.
 
-The tools reach sessions through the same HTTP API, in-process (httpx's ASGITransport),
-as the caller: its bearer token is checked here first, exactly as the API checks it, and
-sessions it makes belong to it. A connection is an MCP session (the Mcp-Session-Id
-header); the session it gets is closed when the client ends it (DELETE /mcp). Clients of
-the stateless 2026 protocol have no connection: their calls without a session_id run in
-one-off sessions.
+The tools call the server's session manager directly (`direct.py`), as the caller: its
+bearer token is checked here first, exactly as the API checks it, and passed to the
+manager as the owner, so sessions it makes belong to it. A connection is an MCP session
+(the Mcp-Session-Id header); the session it gets is closed when the client ends it
+(DELETE /mcp). Clients of the stateless 2026 protocol have no connection: their calls
+without a session_id run in one-off sessions.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context
 from starlette.requests import Request
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from cloche.client.aio import AsyncClient
-from cloche.config import ServerConfig
+from cloche.config import Limits, ServerConfig
 from cloche.errors import Unauthorized
 from cloche.server.http.auth import bearer_owner
 from cloche.server.http.errors import error_response
+from cloche.server.mcp.direct import ManagerClient
 from cloche.server.mcp.tools import ConnectionSessions, build_server
 from cloche.server.mcp.tools import Scope as ToolScope
+from cloche.sessions.manager import SessionManager
 
 log = logging.getLogger("cloche.mcp")
 PATH = "/mcp"
@@ -42,33 +42,25 @@ def _bearer(headers: Any) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-class InProcessScope(ToolScope):
-    """Tools call the API of the app they are mounted on, as the MCP caller's token."""
+class ManagerScope(ToolScope):
+    """Tools call the session manager of the app they are mounted on, as the MCP caller's
+    token."""
 
-    def __init__(self, app: ASGIApp, tokens: frozenset[str]) -> None:
-        self._transport = httpx.ASGITransport(app=app)
+    def __init__(self, app: FastAPI, tokens: frozenset[str]) -> None:
+        self._manager: SessionManager = app.state.manager
+        self._limits: Limits = app.state.limits
+        self._timeouts: dict[str, float] = app.state.session_timeouts
         self._tokens = tokens
-        self._clients: dict[str | None, AsyncClient] = {}
 
     def _token(self, ctx: Context) -> str | None:
         token = _bearer(ctx.headers or {})
         return token if token in self._tokens else None  # the gate let only these through
 
-    def client(self, ctx: Context) -> AsyncClient:
-        token = self._token(ctx)
-        if token not in self._clients:
-            self._clients[token] = AsyncClient(
-                "http://cloche.internal", token or "", transport=self._transport
-            )
-        return self._clients[token]
+    def client(self, ctx: Context) -> ManagerClient:
+        return ManagerClient(self._manager, self._token(ctx), self._limits, self._timeouts)
 
     def connection(self, ctx: Context) -> str | None:
         return connection_key(ctx.headers or {}, self._token(ctx))
-
-    async def aclose(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
 
 
 def connection_key(headers: Any, token: str | None) -> str | None:
@@ -85,7 +77,7 @@ class MCPEndpoint:
 
     def __init__(self, app: FastAPI, config: ServerConfig) -> None:
         self.sessions = ConnectionSessions()
-        self.scope = InProcessScope(app, config.tokens)
+        self.scope = ManagerScope(app, config.tokens)
         self.server = build_server(self.scope, self.sessions)
         # Makes the session manager (the Starlette app it returns is not used: /mcp is
         # routed here). DNS-rebinding protection is on when the server listens on loopback.
@@ -149,7 +141,6 @@ class MCPEndpoint:
                 yield
             finally:
                 await self.sessions.close_all()
-                await self.scope.aclose()
                 _stop_sse_watcher()
 
     def stop(self) -> None:

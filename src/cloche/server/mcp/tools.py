@@ -1,9 +1,9 @@
-"""cloche's MCP tools: run_python, sessions and files, written once over the client SDK.
+"""cloche's MCP tools: run_python, sessions and files, written once over `surface.py`.
 
-Both transports use them: `cloche mcp` (stdio, a client of a server's HTTP API) and /mcp
-on the server's own HTTP port (the same API, reached in-process). A `Scope` tells them
-which client and which MCP connection a call belongs to; each connection gets a session
-of its own, made on first use, unless a call names one.
+Both transports use them: `cloche mcp` (stdio, through the client SDK to a server's HTTP
+API) and /mcp on the server's own HTTP port (straight to the server's session manager,
+`direct.py`). A `Scope` tells them which client and which MCP connection a call belongs
+to; each connection gets a session of its own, made on first use, unless a call names one.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, T
 from pydantic import Field
 
 from cloche import __version__
-from cloche.client.aio import AsyncClient, AsyncSession
 from cloche.client.execution import Execution
 from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
 from cloche.errors import ClocheError, SessionNotFound
 from cloche.server.jsonbody import map_leaves
+from cloche.server.mcp.surface import ToolClient, ToolSession
 
 log = logging.getLogger("cloche.mcp")
 
@@ -51,7 +51,7 @@ class Scope(abc.ABC):
     """Which cloche client, and which MCP connection, a tool call belongs to."""
 
     @abc.abstractmethod
-    def client(self, ctx: Context) -> AsyncClient:
+    def client(self, ctx: Context) -> ToolClient:
         """The client to reach sessions with, for this call's caller."""
 
     @abc.abstractmethod
@@ -63,10 +63,10 @@ class ConnectionSessions:
     """The session each MCP connection gets unless a call names one, made on first use."""
 
     def __init__(self) -> None:
-        self._sessions: dict[str, AsyncSession] = {}
+        self._sessions: dict[str, ToolSession] = {}
         self._locks: dict[str, asyncio.Lock] = {}  # one per connection: its first calls race
 
-    async def get(self, client: AsyncClient, key: str) -> tuple[AsyncSession, str | None]:
+    async def get(self, client: ToolClient, key: str) -> tuple[ToolSession, str | None]:
         """The connection's session, and a note when it had to be replaced."""
         async with self._locks.setdefault(key, asyncio.Lock()):
             note = None
@@ -120,7 +120,7 @@ def _as_tool_errors() -> Any:
 @contextlib.asynccontextmanager
 async def _session_for(
     scope: Scope, sessions: ConnectionSessions, ctx: Context, session_id: str | None
-) -> AsyncIterator[tuple[AsyncSession, str | None]]:
+) -> AsyncIterator[tuple[ToolSession, str | None]]:
     """The session a call names, else its connection's; a one-off one without a connection."""
     client = scope.client(ctx)
     if session_id:

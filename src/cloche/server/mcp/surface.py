@@ -1,0 +1,61 @@
+"""What the MCP tools need of cloche, for one caller: a few calls on sessions.
+
+Two things have this surface. The client SDK's `AsyncClient` and `AsyncSession` are one
+as they stand (`cloche mcp --url`: a client of a server's HTTP API); `direct.py` is the
+other, over the server's own session manager (/mcp inside the server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from cloche.client.aio import SessionInfo, SnapshotInfo
+from cloche.client.execution import Execution
+
+
+class ToolSession(Protocol):
+    """One session, as a caller reaches it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def info(self) -> SessionInfo:
+        """As last told (made, fetched or refreshed)."""
+
+    async def refresh(self) -> SessionInfo:
+        """As it is now. Raises SessionNotFound when it ended."""
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the server's limit for the cell)
+    ) -> Execution: ...
+
+    async def upload(self, path: str, data: bytes) -> None: ...
+
+    async def download(self, path: str) -> bytes: ...
+
+    async def snapshot(self, name: str = "") -> SnapshotInfo: ...
+
+    async def fork(self, count: int = 1) -> Sequence[ToolSession]: ...
+
+    async def close(self) -> None:
+        """Idempotent: an ended session is fine."""
+
+
+class ToolClient(Protocol):
+    """The sessions one caller (one token, or none) may use."""
+
+    async def create_session(
+        self, profile: str = "lean", *, snapshot: str | None = None
+    ) -> ToolSession: ...
+
+    async def session(self, session_id: str) -> ToolSession:
+        """Raises SessionNotFound: unknown, ended, or another token's."""
+
+    async def list_sessions(self) -> Sequence[SessionInfo]: ...
+
+    async def close_session(self, session_id: str) -> None: ...

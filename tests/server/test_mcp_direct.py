@@ -1,0 +1,138 @@
+"""The MCP tools' surface over the manager (/mcp inside the server), against a recording
+fake manager: every call is the caller's, and reads as the HTTP API answers it. The tools
+themselves, end to end over real gVisor, are in test_mcp.py."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from cloche.config import Limits
+from cloche.errors import SessionNotFound
+from cloche.server.mcp.direct import ManagerClient
+from cloche.sessions.result import CellResult, CellStatus
+from cloche.sessions.session import SessionInfo, SessionState
+from cloche.sessions.store import SnapshotRecord
+
+TOKEN = "a-token"
+
+
+def _info(session_id: str, profile: str = "lean") -> SessionInfo:
+    now = time.time()
+    return SessionInfo(session_id, TOKEN, SessionState.IDLE, now, now, 2, 0, profile)
+
+
+class RecordingManager:
+    """The SessionManager calls the surface makes, each recorded with its owner."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.closed: set[str] = set()
+
+    async def create(self, owner: str | None, profile: str = "lean", snapshot: Any = None):
+        self.calls.append(("create", owner))
+        return _info("s1", profile)
+
+    async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        self.calls.append(("info", owner))
+        if session_id in self.closed:
+            raise SessionNotFound(session_id)
+        return _info(session_id)
+
+    async def sessions(self, owner: str | None = None) -> list[SessionInfo]:
+        self.calls.append(("sessions", owner))
+        return [_info("s1")]
+
+    async def execute(self, session_id: str, code: str, *, owner=None, timeout_s=None, **_):
+        self.calls.append(("execute", owner))
+        self.timeout_s = timeout_s
+        return CellResult(
+            status=CellStatus.ERROR,
+            streams=[("stdout", "hi\n")],
+            error={"ename": "ZeroDivisionError", "evalue": "division by zero", "traceback": []},
+            execution_count=3,
+            duration_ms=1.5,
+        )
+
+    async def write_files(self, session_id: str, files, owner=None) -> None:
+        self.calls.append(("write_files", owner))
+        self.written = list(files)
+
+    async def read_file(self, session_id: str, path: str, owner=None) -> bytes:
+        self.calls.append(("read_file", owner))
+        return b"content of " + path.encode()
+
+    async def snapshot(self, session_id: str, owner=None, name: str = "") -> SnapshotRecord:
+        self.calls.append(("snapshot", owner))
+        return SnapshotRecord("snap", session_id, name, TOKEN, "lean", time.time(), 2, 123, "o")
+
+    async def fork(self, session_id: str, count: int = 1, owner=None) -> list[SessionInfo]:
+        self.calls.append(("fork", owner))
+        return [_info(f"copy{i}") for i in range(count)]
+
+    async def close(self, session_id: str, owner=None, reason: str = "closed") -> None:
+        self.calls.append(("close", owner))
+        self.reason = reason
+        if session_id in self.closed:
+            raise SessionNotFound(session_id)
+        self.closed.add(session_id)
+
+
+@pytest.fixture
+def manager() -> RecordingManager:
+    return RecordingManager()
+
+
+def _client(manager: RecordingManager, timeouts: dict[str, float] | None = None) -> ManagerClient:
+    return ManagerClient(manager, TOKEN, Limits(), {} if timeouts is None else timeouts)  # type: ignore[arg-type]
+
+
+async def test_every_call_reaches_the_manager_as_the_callers_token(manager):
+    client = _client(manager)
+    session = await client.create_session("data")
+    assert (session.id, session.info.profile) == ("s1", "data")
+    await session.refresh()
+    await client.list_sessions()
+    await session.run("1 / 0")
+    await session.upload("a.txt", b"x")
+    assert await session.download("a.txt") == b"content of a.txt"
+    snapshot = await session.snapshot("before")
+    assert (snapshot.id, snapshot.name, snapshot.size_bytes) == ("snap", "before", 123)
+    copies = await session.fork(2)
+    assert [copy.id for copy in copies] == ["copy0", "copy1"]
+    await session.close()
+    assert {owner for _, owner in manager.calls} == {TOKEN}
+    assert manager.written == [("a.txt", b"x")]
+    assert manager.reason == "deleted"  # as DELETE /v1/sessions/{id} closes it
+
+
+async def test_a_cell_reads_as_the_http_api_answers_it(manager):
+    session = await _client(manager).session("s1")
+    execution = await session.run("1 / 0")
+    assert execution.session_id == "s1"
+    assert execution.status == "error" and execution.execution_count == 3
+    assert execution.logs.stdout == "hi\n"
+    assert execution.error is not None and execution.error.ename == "ZeroDivisionError"
+
+
+async def test_a_cell_gets_the_time_limit_its_session_was_made_with(manager):
+    timeouts = {"s1": 5.0}
+    session = await _client(manager, timeouts).session("s1")
+    assert session.info.cell_timeout_s == 5.0
+    await session.run("1")
+    assert manager.timeout_s == 5.0
+    await session.run("1", timeout=2.0)
+    assert manager.timeout_s == 2.0
+    await session.close()
+    assert timeouts == {}  # forgotten with the session, as over HTTP
+
+
+async def test_closing_twice_is_fine_and_an_ended_session_is_not_found(manager):
+    client = _client(manager)
+    session = await client.session("s1")
+    await session.close()
+    await session.close()
+    with pytest.raises(SessionNotFound):
+        await client.session("s1")
