@@ -56,6 +56,8 @@ OPERATIONS = [
     ("DELETE", "/v1/snapshots/{snapshot_id}"),
     ("GET", "/v1/profiles"),
     ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/cluster"),
+    ("POST", "/v1/cluster/nodes/{node_id}/drain"),
 ]
 
 

@@ -12,18 +12,18 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
 from cloche.config import ServerConfig
 from cloche.errors import ClocheError, PathRefused
 from cloche.sandbox.registry import create_backend
-from cloche.server.metrics import Metrics
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import LocalSessionManager
+from cloche.sessions.observer import Observer
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
 log = logging.getLogger("cloche.cluster")
@@ -41,16 +41,36 @@ def memory_available_bytes() -> int:
     return 0
 
 
+class NodeFigures(Protocol):
+    """What an agent reports to, when it is given one: an observer of its manager (the
+    server's Prometheus metrics) that also reads the manager's state and renders it all."""
+
+    def watch(self, manager: LocalSessionManager) -> None: ...
+
+    def render(self) -> bytes: ...
+
+
 class NodeAgent:
     """This node's sessions, served to front ends."""
 
-    def __init__(self, config: ServerConfig, node_id: str, secret: str, host: str) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        node_id: str,
+        secret: str,
+        host: str,
+        figures: Callable[[], NodeFigures] | None = None,
+    ) -> None:
         self.config = config
         self.node_id = node_id
         self.host = host
-        self.metrics = Metrics()  # this node's figures, for the front ends' /metrics
-        self.manager = LocalSessionManager(config, create_backend(config), observer=self.metrics)
-        self.metrics.watch(self.manager)
+        # This node's figures (the server's Prometheus metrics, given by the front end that
+        # made the agent), for the front ends' /metrics; none without.
+        self.figures = figures() if figures is not None else None
+        observer = self.figures if isinstance(self.figures, Observer) else None
+        self.manager = LocalSessionManager(config, create_backend(config), observer=observer)
+        if self.figures is not None:
+            self.figures.watch(self.manager)
         self.server = AgentServer(node_id, secret, self._handle)
         self.port = 0
         self._started: asyncio.Task[None] | None = None
@@ -275,7 +295,7 @@ class NodeAgent:
         return await self.manager.install_packages(session_id, specs, owner)
 
     async def _op_metrics(self, on_event: EventCallback) -> str:
-        return self.metrics.render().decode()
+        return self.figures.render().decode() if self.figures is not None else ""
 
     async def _op_profiles(self, on_event: EventCallback) -> Any:
         return self.manager.profiles()

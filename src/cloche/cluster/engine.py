@@ -14,10 +14,11 @@ import secrets
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cloche.cluster.agent import NodeAgent
+from cloche.cluster.agent import NodeAgent, NodeFigures
 from cloche.cluster.directory import Directory
 from cloche.config import MIB, ServerConfig
 from cloche.errors import ClocheError, ConfigError
@@ -59,7 +60,10 @@ class RayNode:
 class Engine:
     """The front end's hold on the Ray cluster."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(
+        self, config: ServerConfig, figures: Callable[[], NodeFigures] | None = None
+    ) -> None:
+        self.figures = figures  # what each node agent reports its figures to
         if not config.cluster:
             raise ConfigError("no --cluster given")
         self.config = config
@@ -180,7 +184,7 @@ class Engine:
             max_concurrency=100_000,
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_id, soft=False),
-        ).remote(config, node_id, secret, node.ip)
+        ).remote(config, node_id, secret, node.ip, self.figures)
         return handle
 
     def node_config(self, node: RayNode) -> ServerConfig:

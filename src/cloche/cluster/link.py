@@ -36,7 +36,9 @@ log = logging.getLogger("cloche.cluster")
 
 MAX_FRAME_BYTES = 1 << 30  # a frame carries at most one file of a working directory, base64
 HEARTBEAT_S = 0.5
-DEADLINE_S = 3.0  # no answer for this long: the node is dead (the spec allows 5 s to say so)
+# No answer for this long: the node is dead, for good. A killed agent is seen at once (its
+# connection ends); this is for a machine that froze, and must not mistake a loaded one.
+DEADLINE_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 
 Handler = Callable[[str, dict[str, Any], EventCallback], Awaitable[Any]]

@@ -14,15 +14,15 @@ import asyncio
 import builtins
 import contextlib
 import logging
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cloche.cluster import codec
+from cloche.cluster.agent import NodeFigures
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.engine import Engine, RayNode
 from cloche.cluster.link import AgentLink, LinkDown
-from cloche.cluster.metrics import merge
 from cloche.cluster.placement import choose
 from cloche.config import ServerConfig
 from cloche.errors import (
@@ -37,9 +37,9 @@ from cloche.errors import (
     TooManySessions,
 )
 from cloche.sandbox.files import FileListing
-from cloche.server.metrics import Metrics
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import InstalledPackages, SessionManager
+from cloche.sessions.observer import Observer
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
 from cloche.sessions.store import SnapshotRecord
@@ -91,10 +91,17 @@ class Node:
 class ClusterSessionManager(SessionManager):
     """Sessions on the node agents of a Ray cluster (`cloche serve --cluster ...`)."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        observer: Observer | None = None,
+        node_figures: Callable[[], NodeFigures] | None = None,
+    ) -> None:
+        """observer: told of this front end's events (the server's metrics); node_figures:
+        makes what each node agent reports to (the same kind of metrics, per node)."""
         self.config = config
-        self.metrics = Metrics()
-        self.engine = Engine(config)
+        self.observer = observer or Observer()
+        self.engine = Engine(config, node_figures)
         self.nodes: dict[str, Node] = {}
         self._where: dict[str, str] = {}  # session id -> node id, as learnt
         self._secret = ""
@@ -107,7 +114,7 @@ class ClusterSessionManager(SessionManager):
         if config.llm is not None:  # the RLM endpoint's own calls (cells use their node's)
             from cloche.llm.broker import Broker
 
-            self.llm = Broker(config.llm, self.metrics)
+            self.llm = Broker(config.llm, self.observer)
 
     # -- joining and watching the cluster ---------------------------------------------------
 
@@ -124,7 +131,6 @@ class ClusterSessionManager(SessionManager):
         except BaseException:
             await self.stop()
             raise
-        self.metrics.watch_cluster(self.cluster_view)
         self._watcher = asyncio.create_task(self._watch(), name="cloche-cluster-watch")
         log.info(
             "cluster front end on Ray %s: %d nodes %s",
@@ -241,8 +247,8 @@ class ClusterSessionManager(SessionManager):
     def _alive(self) -> builtins.list[Node]:
         return [n for n in self.nodes.values() if n.state == ALIVE and n.link is not None]
 
-    async def metrics_text(self) -> bytes:
-        """This front end's figures and every live node's, labelled with its id."""
+    async def node_metrics(self) -> dict[str, str]:
+        """Each live node's Prometheus text, by node id (a node slow to answer is left out)."""
         nodes = self._alive()
         answers = await asyncio.gather(
             *(
@@ -252,8 +258,7 @@ class ClusterSessionManager(SessionManager):
             ),
             return_exceptions=True,
         )
-        texts = {n.id: a for n, a in zip(nodes, answers, strict=True) if isinstance(a, str)}
-        return merge(self.metrics.render(), texts)
+        return {n.id: a for n, a in zip(nodes, answers, strict=True) if isinstance(a, str) and a}
 
     def cluster_view(self) -> dict[str, Any]:
         return {
@@ -397,7 +402,7 @@ class ClusterSessionManager(SessionManager):
             on_event,
         )
         result = codec.result_in(raw)
-        self.metrics.cell_finished(result, result.duration_ms / 1000)
+        self.observer.cell_finished(result, result.duration_ms / 1000)
         return result
 
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:

@@ -38,8 +38,9 @@ class Server:
         if config.cluster:  # sessions on the nodes of a Ray cluster: no sandbox here
             from cloche.cluster.manager import ClusterSessionManager
 
-            self.manager = ClusterSessionManager(config)
-            self.metrics = self.manager.metrics
+            self.metrics = Metrics()
+            self.manager = ClusterSessionManager(config, self.metrics, node_figures=Metrics)
+            self.metrics.watch_cluster(self.manager.cluster_view)
         else:
             self.backend = backend or create_backend(config)
             self.metrics = Metrics()

@@ -8,11 +8,13 @@ manager when scraped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from cloche.sessions.observer import Observer
@@ -382,3 +384,33 @@ class _ClusterCollector(Collector):
             for profile, ready in sorted(node["pool"].items()):
                 pooled.add_metric([node["id"], profile], ready)
         yield from (up, sessions, paused, pooled, memory)
+
+
+class _Families(Collector):
+    """Families already made (parsed and merged), for one render."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def merge(own: bytes, nodes: dict[str, str]) -> bytes:
+    """A cluster front end's exposition text and each node's (node id -> text), as one:
+    families of the same name merged, each node's samples labelled `node`."""
+    merged: dict[str, Metric] = {}
+    for family in text_string_to_metric_families(own.decode()):
+        merged[family.name] = family
+    for node_id, text in sorted(nodes.items()):
+        for family in text_string_to_metric_families(text):
+            into = merged.get(family.name)
+            if into is None:
+                into = merged[family.name] = Metric(
+                    family.name, family.documentation, family.type, family.unit
+                )
+            for sample in family.samples:
+                into.samples.append(sample._replace(labels={**sample.labels, "node": node_id}))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(merged.values()))
+    return generate_latest(registry)

@@ -258,10 +258,10 @@ class SessionManager(abc.ABC):
     async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
         """Wait until the pools of a profile hold their ready sandboxes (start-up, tests)."""
 
-    async def metrics_text(self) -> bytes | None:
-        """The Prometheus text of /metrics when the manager has figures of its own beyond
-        the server's registry (a cluster's nodes); None: the registry alone."""
-        return None
+    async def node_metrics(self) -> dict[str, str]:
+        """Prometheus text of each node that holds sessions for this manager, by node id,
+        for /metrics to label `node` (a cluster's); empty on one machine."""
+        return {}
 
     def cluster_view(self) -> dict[str, Any] | None:
         """GET /v1/cluster: the Ray cluster's address and its nodes; None on one machine."""

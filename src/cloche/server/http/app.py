@@ -26,7 +26,7 @@ from cloche.server.http import (
 )
 from cloche.server.http.limits import BodyLimit
 from cloche.server.mcp import http as mcp_http
-from cloche.server.metrics import CONTENT_TYPE, Metrics
+from cloche.server.metrics import CONTENT_TYPE, Metrics, merge
 from cloche.sessions.manager import SessionManager
 
 
@@ -61,8 +61,9 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics_endpoint(request: Request) -> Response:
-        text = await manager.metrics_text()
-        return Response(text if text is not None else metrics.render(), media_type=CONTENT_TYPE)
+        nodes = await manager.node_metrics()  # a cluster's nodes, each labelled `node`
+        text = merge(metrics.render(), nodes) if nodes else metrics.render()
+        return Response(text, media_type=CONTENT_TYPE)
 
     mcp_http.mount(app, config)  # MCP's streamable HTTP transport at /mcp
     app.add_middleware(
