@@ -255,3 +255,23 @@ def test_the_cluster_view_needs_a_token_and_a_single_server_has_none(cluster) ->
         "memory_available_bytes",
         "pid",
     }
+
+
+def test_a_local_cluster_restarted_on_its_data_dir_has_its_sessions_back(tmp_path) -> None:
+    require_cluster()
+    data = tmp_path / "data"
+    args = ("--cluster", "local:2", "--token", ALPHA, "--data-dir", str(data))
+    first = ServerProcess(tmp_path / "state", *args)
+    try:
+        with client(first) as http:
+            kept = [new_session(http, f"x = {i}\ng = iter(range(10))\nnext(g)") for i in range(4)]
+    finally:
+        assert first.stop() == 0, "".join(first.log[-30:])  # each node pauses its sessions
+    second = ServerProcess(tmp_path / "state", *args)
+    try:
+        with client(second) as http:
+            for i, session_id in enumerate(kept):
+                assert run(http, session_id, "[x, next(g)]") == [i, 1]
+                assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
+    finally:
+        assert second.stop() == 0, "".join(second.log[-30:])

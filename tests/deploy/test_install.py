@@ -49,7 +49,7 @@ def _stamp(*paths: str) -> str:
 def _installed() -> bool:
     """True when a previous install.sh run (./test.sh's) left stamps matching this tree."""
     wanted_venv = _stamp("pyproject.toml")
-    venv_stamps = [REPO / ".venv" / ".cloche-installed", REPO / ".venv" / ".cloche-installed[dev]"]
+    venv_stamps = list((REPO / ".venv").glob(".cloche-installed*"))
     runtime_stamp = REPO / ".runtime" / ".installed"
     return (
         any(s.is_file() and s.read_text().strip() == wanted_venv for s in venv_stamps)
@@ -62,9 +62,12 @@ def test_a_second_install_run_does_no_install_work() -> None:
     if shutil.which("runsc") is None or not _installed():
         # Running it here would install into the (possibly shared) .venv: only after a first run.
         pytest.skip("install.sh has not run on this tree yet (./test.sh runs it first)")
-    dev = (REPO / ".venv" / ".cloche-installed[dev]").is_file()
+    # The newest stamp says which extras the last run installed: ask for the same again.
+    newest = max((REPO / ".venv").glob(".cloche-installed*"), key=lambda p: p.stat().st_mtime)
+    extras = newest.name.removeprefix(".cloche-installed").strip("[]")
+    flags = [f"--{extra}" for extra in extras.split(",") if extra]
     done = subprocess.run(
-        [str(INSTALL), *(["--dev"] if dev else [])],
+        [str(INSTALL), *flags],
         capture_output=True,
         text=True,
         timeout=120,
