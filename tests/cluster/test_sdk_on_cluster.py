@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-import cloche
 from support import ServerThread, adopt, make_config, require_cluster
 
 TOKEN = "client-token"
@@ -19,15 +17,9 @@ SKIP = (
     "test_one_shot_run_takes_files_and_returns_the_ones_it_made",
 )
 adopt("client/test_sync.py", globals(), skip=SKIP)
+adopt("client/conftest.py", globals())  # its fixtures; the server and the check are ours
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(autouse=True)
-def no_cloche_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("CLOCHE_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="module")
@@ -36,28 +28,6 @@ def api_server(state_root: Path) -> Iterator[ServerThread]:
     config = make_config(state_root, cluster="local:2", tokens=frozenset({TOKEN}), pool_size=1)
     with ServerThread(config) as running:
         yield running
-
-
-@pytest.fixture
-def token() -> str:
-    return TOKEN
-
-
-@pytest.fixture
-def url(api_server: ServerThread) -> str:
-    return f"http://127.0.0.1:{api_server.http_port}"
-
-
-@pytest.fixture
-def client(url: str) -> Iterator[cloche.Client]:
-    with cloche.Client(url, TOKEN) as connected:
-        yield connected
-
-
-@pytest.fixture
-def session(client: cloche.Client) -> Iterator[cloche.Session]:
-    with client.create_session() as opened:
-        yield opened
 
 
 @pytest.fixture(autouse=True)
