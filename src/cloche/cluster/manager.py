@@ -330,6 +330,12 @@ class ClusterSessionManager(SessionManager):
         pinned: Node | None = None
         if snapshot is not None:
             pinned = await self._snapshot_node(snapshot)
+            if pinned.state != ALIVE:  # draining: the copy goes where new sessions go
+                target = choose(self._alive(), profile)
+                if target is None:
+                    raise TooManySessions("no live node of the cluster has room")
+                await self._copy_snapshot(pinned, target, snapshot)
+                pinned = target
         for _ in range(3):
             node = pinned or choose(self._alive(), profile)
             if node is None:
@@ -559,15 +565,20 @@ class ClusterSessionManager(SessionManager):
             if target is None:
                 break
             try:
-                raw, image = node.handle.export_snapshot.options(num_returns=2).remote(snapshot_id)
-                await target.handle.adopt_snapshot.remote(raw, image)
+                await self._copy_snapshot(node, target, snapshot_id)
             except Exception as exc:  # deleted meanwhile, or no room there: it stays
                 log.error("snapshot %s not copied off node %s: %s", snapshot_id, node.id, exc)
                 continue
-            await self.engine.directory.place_snapshot.remote(snapshot_id, target.id)
             copied += 1
         log.info("node %s drained: %d sessions moved, %d failed", node.id, moved, len(failed))
         return {"node": node.id, "moved": moved, "failed": failed, "snapshots": copied}
+
+    async def _copy_snapshot(self, source: Node, target: Node, snapshot_id: str) -> None:
+        """A snapshot's image copied to another node (node to node, through Ray's object
+        store), which the directory then names for it."""
+        raw, image = source.handle.export_snapshot.options(num_returns=2).remote(snapshot_id)
+        await target.handle.adopt_snapshot.remote(raw, image)
+        await self.engine.directory.place_snapshot.remote(snapshot_id, target.id)
 
     async def _move(self, source: Node, session_id: str) -> None:
         """Pause a session on source and resume it, same id and state, on another node: its
