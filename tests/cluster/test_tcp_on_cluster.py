@@ -22,4 +22,8 @@ pytestmark = pytest.mark.cluster
 def server(state_root: Path) -> Iterator[ServerThread]:
     require_cluster()
     with ServerThread(make_config(state_root, cluster="local:2", pool_size=1)) as running:
+        ray_temp = running.server.manager.engine.temp_dir
         yield running
+    # Stopped in this process (Ray's driver stays loaded): nothing of the cluster is left.
+    assert ray_temp is not None and not Path(ray_temp).exists()
+    assert list(state_root.glob("node-*")) == []

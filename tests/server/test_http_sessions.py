@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cloche.config import Limits
 from support import ServerThread, make_config, require_gvisor
@@ -109,14 +110,14 @@ def file_exists(client: httpx.Client, session_id: str, path: str) -> bool:
 
 
 def metric(client: httpx.Client, name: str, **labels: str) -> float:
-    """One sample of /metrics, 0 when it is not there yet."""
-    text = client.get("/metrics").text
-    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
-    sample = f"{name}{{{wanted}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.split()[-1])
-    return 0.0
+    """A figure of /metrics with these labels, summed over any others (a cluster's `node`);
+    0 when it is not there yet."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def error_of(response: httpx.Response) -> dict[str, str]:

@@ -12,9 +12,11 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +30,7 @@ log = logging.getLogger("cloche.cluster")
 NAMESPACE = "cloche"
 NODE_RESOURCE = "cloche_node"  # a Ray node with this resource runs a node agent
 DIRECTORY_NAME = "cloche-directory"
+AGENT_EXIT_S = 30.0  # a local cluster's node agents, to exit once Ray's processes are stopped
 LOCAL_OBJECT_STORE_BYTES = 128 * MIB  # per node of a local cluster (Ray's default: 30% of RAM)
 # Declare a silent node dead in ~2 s, not Ray's default ~16 s (measured on one machine).
 LOCAL_SYSTEM_CONFIG = {
@@ -74,6 +77,11 @@ class Engine:
         self._temp: str | None = None
         self._agent_class: Any = None
         self._nodes = 0  # of the local cluster
+
+    @property
+    def temp_dir(self) -> str | None:
+        """Ray's sockets and logs of the local cluster (local:N), removed at its end."""
+        return self._temp
 
     @property
     def local(self) -> bool:
@@ -210,13 +218,16 @@ class Engine:
             with contextlib.suppress(ClocheError, OSError):
                 create_backend(self.node_config(node)).sweep()
 
-    def close(self) -> None:
-        """Leave the cluster; stop it if it was ours (local:N), with every process of it."""
+    def close(self, agent_pids: Sequence[int] = ()) -> None:
+        """Leave the cluster; stop it if it was ours (local:N), with every process of it:
+        agent_pids, its node agents, are waited for (then killed) before their leftovers and
+        Ray's temp dir go (an exiting worker still writes its logs there)."""
         ray = _ray()
         if ray.is_initialized():
             ray.shutdown()
         if self._local is not None:
             self._local.shutdown()
+            _wait_gone(agent_pids, AGENT_EXIT_S)
             self.sweep()
             self._local = None
         if self._temp is not None:
@@ -246,3 +257,29 @@ def _reachable(address: str) -> None:
             f"no Ray cluster answers at {address} ({exc}): give the head's GCS address "
             "(ray start --head prints it), or local:N"
         ) from exc
+
+
+def _wait_gone(pids: Sequence[int], timeout_s: float) -> None:
+    """Wait for processes to exit; kill those still there after timeout_s (blocking)."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(pids)
+    while waiting:
+        waiting = [pid for pid in waiting if _alive(pid)]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            for pid in waiting:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.05)  # polling: they are not our children (Ray's raylets started them)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -620,7 +620,8 @@ class ClusterSessionManager(SessionManager):
                 if isinstance(result, BaseException):
                     log.error("node agent %s did not stop cleanly: %s", node.id, result)
         await asyncio.gather(*self._background, return_exceptions=True)
-        await asyncio.to_thread(self.engine.close)
+        pids = [n.pid for n in self.nodes.values() if n.state != DEAD]
+        await asyncio.to_thread(self.engine.close, pids)
 
 
 def _b64(data: bytearray) -> str:
