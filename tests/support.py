@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +42,18 @@ def require_cluster() -> None:
         import ray  # noqa: F401
     except ImportError:
         pytest.fail("cluster tests need Ray: run ./test.sh, which installs cloche[cluster]")
+
+
+@contextlib.contextmanager
+def cluster_server(config: ServerConfig) -> Iterator[ServerThread]:
+    """A ServerThread over a local Ray cluster (config.cluster = "local:N"); once it has
+    stopped, nothing of the cluster is left: Ray's temp dir, the nodes' state dirs."""
+    require_cluster()
+    with ServerThread(config) as running:
+        ray_temp = running.server.manager.engine.temp_dir  # type: ignore[union-attr]
+        yield running
+    assert ray_temp is not None and not Path(ray_temp).exists(), ray_temp
+    assert list(config.state_dir.glob("node-*")) == []
 
 
 class ServerThread:

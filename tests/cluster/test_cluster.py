@@ -71,12 +71,17 @@ def held(http: httpx.Client) -> int:
     return sum(node["sessions"] + node["paused"] for node in alive)
 
 
+def ray_temp_of(server: ServerProcess) -> str:
+    """The Ray temp dir of a local cluster, as its front end logged it."""
+    return next(m[1] for line in server.log if (m := re.search(r"temp (\S+)\)", line)))
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     require_cluster()
     state = tmp_path_factory.mktemp("cluster-state")
     server = ServerProcess(state, "--cluster", f"local:{NODES}", "--token", ALPHA, "--token", BETA)
-    ray_temp = next(m[1] for line in server.log if (m := re.search(r"temp (\S+)\)", line)))
+    ray_temp = ray_temp_of(server)
     with client(server) as http:
         pids = [node["pid"] for node in nodes(http).values()]
     yield server
@@ -275,3 +280,6 @@ def test_a_local_cluster_restarted_on_its_data_dir_has_its_sessions_back(tmp_pat
                 assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
     finally:
         assert second.stop() == 0, "".join(second.log[-30:])
+    for server in (first, second):  # each local cluster went whole
+        assert not Path(ray_temp_of(server)).exists()
+    assert list((tmp_path / "state").iterdir()) == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ServerThread, adopt, make_config, require_cluster
+from support import ServerThread, adopt, cluster_server, make_config
 
 # Not here: tests of one machine's limits (--max-sessions, queue, body size, on servers of
 # their own) and tests that look inside one machine's manager.
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def guarded(state_root: Path) -> Iterator[ServerThread]:
     """Two nodes; tokens t1 and t2, as on one machine."""
-    require_cluster()
     config = make_config(
         state_root,
         cluster="local:2",
@@ -35,6 +34,6 @@ def guarded(state_root: Path) -> Iterator[ServerThread]:
         pool_size=1,
         data_pool_size=1,
     )
-    with ServerThread(config) as running:
+    with cluster_server(config) as running:
         running.call(running.server.manager.wait_ready("data", 600), timeout_s=600)
         yield running

@@ -10,7 +10,7 @@ import pytest
 
 from llm.conftest import llm_config
 from llm.stub import StubLLM
-from support import ServerThread, adopt, make_config, require_cluster
+from support import ServerThread, adopt, cluster_server, make_config
 
 # Not here: the tests that start servers of their own with other LLM limits, and the one
 # about a server without a model.
@@ -41,7 +41,6 @@ def _fresh_stub(stub: StubLLM) -> None:
 
 @pytest.fixture(scope="module")
 def llm_server(state_root: Path, stub: StubLLM) -> Iterator[ServerThread]:
-    require_cluster()
     config = make_config(state_root, cluster="local:2", pool_size=1, llm=llm_config(stub))
-    with ServerThread(config) as running:
+    with cluster_server(config) as running:
         yield running

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import ServerThread, adopt, make_config, require_cluster
+from support import ServerThread, adopt, cluster_server, make_config
 
 TOKEN = "mcp-token"
 # Not here: tests that look inside one machine's manager, and the one that starts servers of
@@ -29,9 +29,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def api(state_root: Path) -> Iterator[ServerThread]:
-    require_cluster()
     config = make_config(state_root, cluster="local:2", tokens=frozenset({TOKEN}), pool_size=1)
-    with ServerThread(config) as running:
+    with cluster_server(config) as running:
         yield running
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import ServerThread, adopt, make_config, require_cluster
+from support import ServerThread, adopt, cluster_server, make_config
 
 TOKEN = "client-token"
 # Not here: tests that look inside one machine's manager.
@@ -24,9 +24,8 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def api_server(state_root: Path) -> Iterator[ServerThread]:
-    require_cluster()
     config = make_config(state_root, cluster="local:2", tokens=frozenset({TOKEN}), pool_size=1)
-    with ServerThread(config) as running:
+    with cluster_server(config) as running:
         yield running
 
 

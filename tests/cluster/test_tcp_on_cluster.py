@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ServerThread, adopt, make_config, require_cluster
+from support import ServerThread, adopt, cluster_server, make_config
 
 adopt(
     "server/test_tcp_protocol.py",
@@ -20,10 +20,5 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def server(state_root: Path) -> Iterator[ServerThread]:
-    require_cluster()
-    with ServerThread(make_config(state_root, cluster="local:2", pool_size=1)) as running:
-        ray_temp = running.server.manager.engine.temp_dir
+    with cluster_server(make_config(state_root, cluster="local:2", pool_size=1)) as running:
         yield running
-    # Stopped in this process (Ray's driver stays loaded): nothing of the cluster is left.
-    assert ray_temp is not None and not Path(ray_temp).exists()
-    assert list(state_root.glob("node-*")) == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ServerThread, adopt, make_config, require_cluster
+from support import ServerThread, adopt, cluster_server, make_config
 
 # Not here: the tests that need a server of their own with eight warm sandboxes (`wide`).
 SKIP = ("test_a_sleeping_cell_is_stopped_by_the_cell_timeout", "test_requests_run_in_parallel")
@@ -18,8 +18,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def terrarium(state_root: Path) -> Iterator[ServerThread]:
-    require_cluster()
     config = make_config(state_root, cluster="local:2", pool_size=0, data_pool_size=1)
-    with ServerThread(config) as running:
+    with cluster_server(config) as running:
         running.call(running.server.manager.wait_ready("data", 600), timeout_s=600)
         yield running

@@ -9,6 +9,7 @@ on the same machine joins under a new id, and sessions of the old one stay lost.
 
 from __future__ import annotations
 
+import os
 import secrets
 from typing import Any
 
@@ -26,6 +27,10 @@ class Directory:
 
     def cluster_secret(self) -> str:
         return self.secret
+
+    def pid(self) -> int:
+        """Its process (waited for when a local cluster stops)."""
+        return os.getpid()
 
     def join(self, node: dict[str, Any]) -> None:
         """A node agent, as it describes itself ({"id", "host", "port", "pid", ...})."""

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from cloche.cluster.agent import NodeAgent, NodeFigures
@@ -227,7 +228,11 @@ class Engine:
             ray.shutdown()
         if self._local is not None:
             self._local.shutdown()
-            _wait_gone(agent_pids, AGENT_EXIT_S)
+            # Ray's raylets started more than the cluster object tracks: the actors' worker
+            # processes (given by pid: their titles are "ray::NodeAgent"...) and Ray's own
+            # agents (they name our temp dir); each writes its logs there until it exits.
+            assert self._temp is not None
+            _wait_gone([*agent_pids, *_processes_naming(self._temp)], AGENT_EXIT_S)
             self.sweep()
             self._local = None
         if self._temp is not None:
@@ -273,6 +278,17 @@ def _wait_gone(pids: Sequence[int], timeout_s: float) -> None:
                     os.kill(pid, signal.SIGKILL)
             return
         time.sleep(0.05)  # polling: they are not our children (Ray's raylets started them)
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Processes whose command line holds text (a directory of ours alone)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return [pid for pid in found if pid != os.getpid()]
 
 
 def _alive(pid: int) -> bool:

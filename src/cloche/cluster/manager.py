@@ -105,6 +105,7 @@ class ClusterSessionManager(SessionManager):
         self.nodes: dict[str, Node] = {}
         self._where: dict[str, str] = {}  # session id -> node id, as learnt
         self._secret = ""
+        self._directory_pid: int | None = None
         self._profiles: builtins.list[dict[str, Any]] = []
         self._watcher: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -122,6 +123,7 @@ class ClusterSessionManager(SessionManager):
         await asyncio.to_thread(self.engine.open)
         try:
             self._secret = await self.engine.directory.cluster_secret.remote()
+            self._directory_pid = await self.engine.directory.pid.remote()
             await self._discover()
             if not self._alive():
                 raise ConfigError(
@@ -621,6 +623,8 @@ class ClusterSessionManager(SessionManager):
                     log.error("node agent %s did not stop cleanly: %s", node.id, result)
         await asyncio.gather(*self._background, return_exceptions=True)
         pids = [n.pid for n in self.nodes.values() if n.state != DEAD]
+        if self._directory_pid is not None:
+            pids.append(self._directory_pid)
         await asyncio.to_thread(self.engine.close, pids)
 
 
