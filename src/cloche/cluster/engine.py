@@ -173,10 +173,6 @@ class Engine:
         ]
         return [RayNode(n["NodeID"], n["NodeManagerAddress"], i) for i, n in enumerate(found)]
 
-    def dead_ray_nodes(self) -> set[str]:
-        ray = _ray()
-        return {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
-
     def agent(self, node: RayNode, secret: str) -> Any:
         """The node agent actor of a node, made if there is none (its `start` says its id)."""
         _ray()

@@ -550,8 +550,8 @@ class ClusterSessionManager(SessionManager):
         node = self.nodes.get(node_id)
         if node is None or node.state == DEAD:
             raise NodeNotFound(f"Node {node_id} not found, or dead")
-        self._set_state(node, DRAINING, tell=True)
-        await self.engine.directory.set_state.remote(node.id, DRAINING)
+        self._set_state(node, DRAINING, tell=False)
+        await self.engine.directory.set_state.remote(node.id, DRAINING)  # others stop too
         session_ids, snapshot_ids = await node.handle.held.remote()
         moved, failed = 0, []
         for session_id in session_ids:
