@@ -13,12 +13,10 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from support import ServerProcess  # noqa: E402
+from support import BusyClient, ServerProcess, TimedClient, busy  # noqa: E402
 
 FLOOD = "import time\nend = time.time() + 2\nwhile time.time() < end: print('flood' * 16)"
 
@@ -29,58 +27,34 @@ def quantile(samples: list[float], q: float) -> float:
 
 
 def measure(server: ServerProcess, blocks: int, cells_per_block: int) -> dict[str, float]:
-    witness = server.client()
-    session = witness.run("i = 0")["session_id"]
-
-    def cells(count: int) -> list[float]:
-        took = []
-        for _ in range(count):
-            began = time.perf_counter()
-            reply = witness.run("i += 1", session)
-            took.append(time.perf_counter() - began)
-            assert reply["status"] == "ok", reply
-        return took
-
-    stop = threading.Event()
-    ran = {"flood": 0, "busy": 0}
-
-    def noisy(name: str, code: str) -> None:
-        with server.client() as client:
-            own = client.run("j = 0")["session_id"]
-            while not stop.is_set():
-                client.run(code, own)
-                ran[name] += 1
-
-    cells(30)  # warm
+    witness = TimedClient(server.tcp_port)
+    flood = BusyClient(server.tcp_port, FLOOD)
+    back_to_back = BusyClient(server.tcp_port, "j += 1")
+    witness.cells(30)  # warm
     alone: list[float] = []
     beside: list[float] = []
+    ratios = []
     for _ in range(blocks):
-        alone += cells(cells_per_block)
-        stop.clear()
-        ran.update(flood=0, busy=0)
-        threads = [
-            threading.Thread(target=noisy, args=("flood", FLOOD)),
-            threading.Thread(target=noisy, args=("busy", "j += 1")),
-        ]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 120
-        while not all(ran.values()) and time.monotonic() < deadline:
-            time.sleep(0.01)  # until both noisy sessions have run a cell
-        beside += cells(cells_per_block)
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-    witness.close()
+        alone_block = witness.cells(cells_per_block)
+        with busy(flood, back_to_back):
+            beside_block = witness.cells(cells_per_block)
+        ratios.append(quantile(beside_block, 0.99) / quantile(alone_block, 0.99))
+        alone += alone_block
+        beside += beside_block
+    for client in (witness, flood, back_to_back):
+        client.close()
     figures = {
         "alone_p50_ms": statistics.median(alone) * 1e3,
+        "alone_p90_ms": quantile(alone, 0.90) * 1e3,
         "alone_p99_ms": quantile(alone, 0.99) * 1e3,
         "beside_p50_ms": statistics.median(beside) * 1e3,
+        "beside_p90_ms": quantile(beside, 0.90) * 1e3,
         "beside_p99_ms": quantile(beside, 0.99) * 1e3,
         "load_average_1min": os.getloadavg()[0],
     }
     figures["p50_ratio"] = figures["beside_p50_ms"] / figures["alone_p50_ms"]
     figures["p99_ratio"] = figures["beside_p99_ms"] / figures["alone_p99_ms"]
+    figures["p99_ratio_median_of_blocks"] = statistics.median(ratios)
     return figures
 
 

@@ -231,3 +231,120 @@ NOTHING_LEFT = {"processes": [], "mounts": [], "cgroups": [], "state": []}
 
 
 CANARY = "cloche-canary-5b0e6a1d93"  # set in the server's environment by the security suite
+
+
+# -- clients in processes of their own, for timing beside noise ------------------------------
+# A client timed in the test's own process would share its GIL with the thread that collects
+# a ServerProcess's log (a line per cell) and with any other client there.
+
+_BUSY_CLIENT = """
+import select, sys
+from cloche.client.tcp import TCPClient
+client = TCPClient("127.0.0.1", int(sys.argv[1]))
+session = client.run("j = 0")["session_id"]
+print("ready", flush=True)
+for line in sys.stdin:  # "go": run the code back to back until "stop"
+    client.run(sys.argv[2], session)
+    print("going", flush=True)
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        client.run(sys.argv[2], session)
+    sys.stdin.readline()
+    print("stopped", flush=True)
+"""
+
+_TIMED_CLIENT = """
+import json, sys, time
+from cloche.client.tcp import TCPClient
+client = TCPClient("127.0.0.1", int(sys.argv[1]))
+session = client.run("i = 0")["session_id"]
+print("ready", flush=True)
+for line in sys.stdin:
+    took = []
+    for _ in range(int(line)):
+        began = time.perf_counter()
+        reply = client.run("i += 1", session)
+        took.append(time.perf_counter() - began)
+        if reply["status"] != "ok":
+            raise SystemExit(f"cell failed: {reply}")
+    print(json.dumps(took), flush=True)
+"""
+
+
+def _client_process(script: str, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        process.kill()
+        process.wait()
+        raise RuntimeError("a client process did not start")
+    return process
+
+
+class BusyClient:
+    """A client process with a session of its own (over TCP), running code back to back
+    between `go` and `stop`; idle, and its session idle, in between."""
+
+    def __init__(self, port: int, code: str) -> None:
+        self.process = _client_process(_BUSY_CLIENT, str(port), code)
+
+    def _say(self, word: str, answer: str) -> None:
+        self.process.stdin.write(word + "\n")
+        self.process.stdin.flush()
+        if self.process.stdout.readline().strip() != answer:
+            raise RuntimeError(f"the busy client did not answer {word!r} ({self.process.poll()})")
+
+    def go(self) -> None:
+        """Start; returns once its first cell has run."""
+        self._say("go", "going")
+
+    def stop(self) -> None:
+        """Stop; returns once its last cell has ended."""
+        self._say("stop", "stopped")
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(60)
+        self.process.stdout.close()
+
+
+@contextlib.contextmanager
+def busy(*clients: BusyClient) -> Iterator[None]:
+    """The clients run their code while the block runs."""
+    for client in clients:
+        client.go()
+    try:
+        yield
+    finally:
+        for client in clients:
+            client.stop()
+
+
+class TimedClient:
+    """A client process with a session of its own, timing `i += 1` cells when asked."""
+
+    def __init__(self, port: int) -> None:
+        self.process = _client_process(_TIMED_CLIENT, str(port))
+
+    def cells(self, count: int) -> list[float]:
+        """Seconds each of count cells took, one after another."""
+        import json
+
+        self.process.stdin.write(f"{count}\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the timed client exited ({self.process.wait()})")
+        return [float(x) for x in json.loads(line)]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(60)
+        self.process.stdout.close()

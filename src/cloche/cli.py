@@ -105,6 +105,19 @@ SERVE_OPTIONS = (
         "cells that may wait behind the running one in a session",
     ),
     _Option(
+        "--cell-slots",
+        int,
+        _config.cell_slots,
+        "cells of all sessions running at once; the rest wait their turn in arrival order "
+        "(0: four per core; a large number turns the turns off)",
+    ),
+    _Option(
+        "--cell-slice",
+        float,
+        _config.cell_slice_s,
+        "seconds a cell holds its turn; a longer one runs on at a low CPU weight",
+    ),
+    _Option(
         "--cell-timeout",
         float,
         _limits.cell_timeout_s,
@@ -358,6 +371,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         data_template=args.data_template,
         max_sessions=args.max_sessions,
         max_queued_cells=args.max_queued_cells,
+        cell_slots=args.cell_slots,
+        cell_slice_s=args.cell_slice,
         max_frame_bytes=args.max_frame_bytes,
         max_connections=args.max_connections,
         connection_idle_timeout_s=args.connection_timeout,

@@ -117,6 +117,12 @@ class ServerConfig:
     data_template: bool = True
     max_sessions: int = 100
     max_queued_cells: int = 16  # per session, beyond the running one
+    # Cells of all sessions run at most this many at once; the rest wait their turn, in the
+    # order they came (sessions/gate.py). 0: four per core.
+    cell_slots: int = 0
+    # A cell holds its turn this long at most; one that runs longer gives it up and runs on
+    # at a low CPU weight, behind the short cells.
+    cell_slice_s: float = 0.05
     max_frame_bytes: int = 16 * MIB
     max_connections: int = 1024
     connection_idle_timeout_s: float = 300.0

@@ -15,11 +15,17 @@ import os
 import select
 import sys
 import threading
+import time
 from typing import TextIO
 
 from .channel import Channel
 
 _CHUNK = 1 << 16
+# After forwarding, the pump waits this long before it reads again: output written
+# meanwhile goes in one message, not one per line, and a cell printing flat out fills the
+# pipe and waits on it (backpressure) instead of spending its CPU and the host's on every
+# line, most of them beyond its byte budget and dropped. A cell's end still drains all.
+_PUMP_PAUSE_S = 0.01
 # Spare copies of the pipes' write ends live at these fds, to repair fds 1/2 if a cell
 # closes them. High numbers keep them out of the way of the user's own fds.
 _SPARE_FDS = (1021, 1022)
@@ -117,6 +123,7 @@ class OutputCapture:
             with self._lock:
                 for fd, _ in ready:
                     self._drain(self._by_fd[fd])
+            time.sleep(_PUMP_PAUSE_S)
 
     def _drain(self, stream: _Stream) -> None:
         while True:

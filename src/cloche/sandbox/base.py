@@ -94,6 +94,10 @@ class Sandbox(abc.ABC):
     def serving(self) -> None:  # noqa: B027  # optional hook
         """Called when a session takes the sandbox: from now on its cells are waited for."""
 
+    def background(self, behind: bool) -> None:  # noqa: B027  # optional hook
+        """Put the sandbox behind the others for CPU (its cell has run long) or back level
+        with them."""
+
     def freeze(self) -> bool:
         """Stop every process of the sandbox until `thaw` (an idle one costs no CPU then);
         False when this backend can't."""

@@ -8,6 +8,7 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 STARTING_CPU_SHARES = 64  # while a sandbox starts and waits in the pool
 SERVING_CPU_SHARES = 1024  # the kernel's default, once a session has it
+BACKGROUND_CPU_SHARES = 16  # while its cell runs past its slice (sessions/gate.py)
 
 
 def cgroups_path(instance: str, sandbox_id: str) -> str:

@@ -334,9 +334,14 @@ class GVisorSandbox(Sandbox):
             self.runsc.kill(self.id, "INT")
 
     def serving(self) -> None:
-        path = cgroups.cgroups_path(self.backend.state.instance, self.id)
+        path = self._cgroup
         if self.backend.cgroups and not cgroups.set_cpu_shares(path, cgroups.SERVING_CPU_SHARES):
             log.warning("sandbox %s: no CPU weight to raise in cgroup %s", self.id, path)
+
+    def background(self, behind: bool) -> None:
+        if self.backend.cgroups:
+            shares = cgroups.BACKGROUND_CPU_SHARES if behind else cgroups.SERVING_CPU_SHARES
+            cgroups.set_cpu_shares(self._cgroup, shares)
 
     def kill(self) -> None:
         self.thaw()

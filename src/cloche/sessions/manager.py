@@ -45,6 +45,7 @@ from cloche.protocol.paths import normalise
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
 from cloche.sessions.durable import Checkpoints, pack_home, unpack_home
+from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
@@ -328,6 +329,8 @@ class LocalSessionManager(SessionManager):
         self.store = Store(config.data_dir, config.data_max_mib * MIB)
         self.checkpoints = Checkpoints(self.store, backend, config.limits, config.max_frame_bytes)
         self._sessions: dict[str, Session] = {}
+        slots = config.cell_slots or SLOTS_PER_CORE * (os.cpu_count() or 1)
+        self.gate = CellGate(slots, config.cell_slice_s)
         # Sessions gone for good, told as lost until their lifetime ends: id -> (owner key,
         # why, unix time of their creation)
         self._lost: dict[str, tuple[str | None, str, float]] = {}
@@ -479,6 +482,7 @@ class LocalSessionManager(SessionManager):
             profile=profile,
             freeze_idle_s=self.config.limits.freeze_idle_s,
             execution_count=execution_count,
+            gate=self.gate,
         )
         session.waker = self._wake
         self._equip(session, kernel)
@@ -506,6 +510,7 @@ class LocalSessionManager(SessionManager):
             created_at=record.created_at,
             last_active=record.last_active,
             execution_count=record.execution_count,
+            gate=self.gate,
         )
         session.waker = self._wake
         return session

@@ -14,6 +14,7 @@ from cloche.config import MIB
 from cloche.errors import KernelDied, SessionBusy
 from cloche.sandbox.base import ExitStep
 from cloche.sandbox.files import Snapshot, WorkdirFiles, changed
+from cloche.sessions.gate import CellGate
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.result import CellResult
 
@@ -72,8 +73,11 @@ class Session:
         created_at: float | None = None,
         last_active: float | None = None,
         execution_count: int = 0,
+        gate: CellGate | None = None,
     ) -> None:
         self.id = session_id
+        self.gate = gate
+        self.behind = False  # its sandbox runs behind the others: its cells run long
         self.profile = profile
         self.owner_key = owner_key
         self.kernel: KernelClient | None = None
@@ -99,6 +103,7 @@ class Session:
     def attach(self, kernel: KernelClient) -> None:
         """Run on kernel from now on (a new session's, or a paused one's restored)."""
         sandbox = kernel.sandbox
+        self.behind = False  # a new sandbox starts level with the others
         uid, gid = sandbox.file_owner or (None, None)
         self.files = WorkdirFiles(sandbox.workdir, uid, gid, sandbox.limits.disk_mib * MIB)
         self.kernel = kernel
@@ -215,9 +220,13 @@ class Session:
             self.state = SessionState.BUSY
             started = time.perf_counter()
             before = await self._snapshot() if track_files else None
-            result = await self.kernel.execute(
-                code, timeout_s=timeout_s, on_event=on_event, silent=silent
-            )
+            if self.gate is None:
+                result = await self.kernel.execute(
+                    code, timeout_s=timeout_s, on_event=on_event, silent=silent
+                )
+            else:
+                result = await self._take_turn(code, timeout_s, on_event, silent)
+                waited_s += result.queue_wait_s
             result.queue_wait_s = waited_s
             if before is not None and result.session_survived:
                 result.files = changed(before, await self._snapshot())
@@ -236,6 +245,53 @@ class Session:
                 self.state = SessionState.IDLE
             self._lock.release()
             self._idle_from_now()
+
+    async def _take_turn(
+        self, code: str, timeout_s: float, on_event: EventCallback | None, silent: bool
+    ) -> CellResult:
+        """Run the cell in its turn at the gate; its wait is in the result's queue_wait_s.
+
+        A cell that outruns its slice puts its sandbox behind the others for CPU, and the
+        session stays behind while its cells keep running long (a loop of long cells would
+        otherwise take the CPU at full weight for the first slice of each). Its first cell
+        that uses less CPU than a slice brings it level again: CPU, not time, as a short
+        cell slowed down behind the others would otherwise keep it there for good.
+        """
+        assert self.gate is not None and self.kernel is not None
+        kernel = self.kernel
+        overran = False
+        cpu_before = kernel.sandbox.cpu_seconds() if self.behind else None
+
+        def go_behind() -> None:
+            nonlocal overran
+            overran = True
+            if not self.behind:
+                self.behind = True
+                kernel.sandbox.background(True)
+
+        asked = time.perf_counter()
+        try:
+            async with self.gate.admitted(go_behind):
+                waited_s = time.perf_counter() - asked
+                result = await kernel.execute(
+                    code, timeout_s=timeout_s, on_event=on_event, silent=silent
+                )
+        finally:
+            if self.behind and self._was_short(overran, cpu_before):
+                self.behind = False
+                if kernel.alive:
+                    kernel.sandbox.background(False)
+        result.queue_wait_s = waited_s
+        return result
+
+    def _was_short(self, overran: bool, cpu_before: float | None) -> bool:
+        """Whether the cell just run was short: on the CPU, when it started behind and the
+        sandbox's CPU is counted; else in time (within its slice)."""
+        assert self.gate is not None
+        cpu_after = self.kernel.sandbox.cpu_seconds() if self.kernel is not None else None
+        if cpu_before is None or cpu_after is None:
+            return not overran
+        return cpu_after - cpu_before < self.gate.slice_s
 
     async def _snapshot(self) -> Snapshot:
         """The working directory's files; walked right here when the last walk saw only a
