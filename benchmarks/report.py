@@ -141,6 +141,7 @@ def targets(r: Results) -> list[list[str]]:
                 verdict(p99 <= 10 and cloche["errors"] == 0, f"p99 {p99 - 10:.1f} ms over"),
             ]
         )
+    rows += _scaling_targets(r)
     lean = _inside(mem, "lean")
     if lean is not None:
         rows.append(
@@ -185,6 +186,43 @@ def _inside(mem: dict[str, Any], profile: str) -> float | None:
     ]
     values = [v for v in found if v is not None]
     return max(values) if values else None
+
+
+def _scaling_targets(r: Results) -> list[list[str]]:
+    """Issue 13's: cells/s at 50 and 100 busy sessions, 100 against 10, p99 at 100."""
+    cloche = {t["sessions"]: t for t in r["throughput"] if t["system"] == "cloche"}
+    rows = []
+    for sessions, wanted in ((50, 1000), (100, 850)):
+        if sessions in cloche:
+            got = cloche[sessions]["throughput_per_s"]
+            rows.append(
+                [
+                    f"{sessions} busy sessions: ≥ {wanted:,} cells/s, zero errors",
+                    f"{got:,.0f} cells/s, {cloche[sessions]['errors']} errors",
+                    verdict(
+                        got >= wanted and cloche[sessions]["errors"] == 0,
+                        f"{wanted - got:,.0f} cells/s short",
+                    ),
+                ]
+            )
+    if 10 in cloche and 100 in cloche:
+        share = cloche[100]["throughput_per_s"] / cloche[10]["throughput_per_s"]
+        rows.append(
+            [
+                "100 busy sessions: cells/s ≥ 80% of 10 sessions'",
+                f"{share:.0%}",
+                verdict(share >= 0.8, f"{0.8 - share:.0%} short"),
+            ]
+        )
+        p99 = cloche[100].get("p99_ms", float("inf"))
+        rows.append(
+            [
+                "100 busy sessions: p99 ≤ 250 ms",
+                f"{p99:.0f} ms",
+                verdict(p99 <= 250, f"{p99 - 250:.0f} ms over"),
+            ]
+        )
+    return rows
 
 
 def _level(r: Results, sessions: int) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
