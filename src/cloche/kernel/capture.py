@@ -23,8 +23,10 @@ from .channel import Channel
 _CHUNK = 1 << 16
 # After forwarding, the pump waits this long before it reads again: output written
 # meanwhile goes in one message, not one per line, and a cell printing flat out fills the
-# pipe and waits on it (backpressure) instead of spending its CPU and the host's on every
-# line, most of them beyond its byte budget and dropped. A cell's end still drains all.
+# pipe and waits on it (backpressure) instead of costing the host a message per line.
+# Past the byte budget nothing is forwarded, so the pump reads on without a pause: what
+# is dropped costs the host nothing, and a cell writing far past its budget is not held
+# up until its timeout. A cell's end still drains all.
 _PUMP_PAUSE_S = 0.01
 # Spare copies of the pipes' write ends live at these fds, to repair fds 1/2 if a cell
 # closes them. High numbers keep them out of the way of the user's own fds.
@@ -121,29 +123,32 @@ class OutputCapture:
         while True:
             ready = poller.poll()
             with self._lock:
-                for fd, _ in ready:
-                    self._drain(self._by_fd[fd])
-            time.sleep(_PUMP_PAUSE_S)
+                sent = [self._drain(self._by_fd[fd]) for fd, _ in ready]
+            if any(sent):
+                time.sleep(_PUMP_PAUSE_S)
 
-    def _drain(self, stream: _Stream) -> None:
+    def _drain(self, stream: _Stream) -> bool:
+        """Read the pipe empty; return whether anything was forwarded."""
+        sent = False
         while True:
             try:
                 data = os.read(stream.read_fd, _CHUNK)
             except BlockingIOError:
-                return
+                return sent
             if data:
-                self._forward(stream, data)
+                sent = self._forward(stream, data) or sent
             if len(data) < _CHUNK:  # the pipe held less than asked for: it is empty now
-                return
+                return sent
 
-    def _forward(self, stream: _Stream, data: bytes) -> None:
+    def _forward(self, stream: _Stream, data: bytes) -> bool:
         room = self.limit_bytes - self.sent_bytes
         if len(data) > room:
             self.dropped_bytes += len(data) - max(room, 0)
             data = data[: max(room, 0)]
             if not data:
-                return
+                return False
         self.sent_bytes += len(data)
         text = stream.decoder.decode(data)
         if text:
             self._channel.send({"op": "stream", "name": stream.name, "text": text})
+        return True
