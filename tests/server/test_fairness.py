@@ -4,6 +4,7 @@ flooding session leaves another's latency within 2x of what it is alone."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -82,6 +83,9 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
         with server.client() as c:
             assert c.run("1 + 1", spinner)["output"] == "2\n"
         assert background not in cpu_weights(server.instance)
+        metrics = httpx.get(f"http://127.0.0.1:{server.http_port}/metrics", timeout=30).text
+        assert re.search(r"^cloche_cell_slice_overruns_total [1-9]", metrics, re.M), metrics
+        assert re.search(r"^cloche_cells_waiting_turn 0\.0$", metrics, re.M), metrics
     finally:
         assert server.stop() == 0
 

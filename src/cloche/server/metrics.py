@@ -75,7 +75,7 @@ class Metrics(Observer):
         )
         self.queue_wait = Histogram(
             "cloche_cell_queue_wait_seconds",
-            "Time a cell waited for its session (behind that session's earlier cells)",
+            "Time a cell waited to run: behind its session's earlier cells, then for its turn",
             buckets=_WAIT_BUCKETS_S,
             registry=self.registry,
         )
@@ -320,6 +320,19 @@ class _ManagerCollector(Collector):
         )
         stored.add_metric([], self.manager.store.used_bytes)
         yield stored
+        gate = self.manager.gate
+        waiting = GaugeMetricFamily(
+            "cloche_cells_waiting_turn",
+            f"Cells waiting for their turn now ({gate.slots} run at once across sessions)",
+        )
+        waiting.add_metric([], gate.waiting)
+        yield waiting
+        overruns = CounterMetricFamily(
+            "cloche_cell_slice_overruns",
+            "Cells that ran past their slice, gave their turn up and ran on behind the others",
+        )
+        overruns.add_metric([], gate.overruns)
+        yield overruns
         pooled = GaugeMetricFamily(
             "cloche_sessions_pooled",
             "Started sandboxes waiting in the warm pool",

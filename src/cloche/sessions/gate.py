@@ -34,19 +34,18 @@ class CellGate:
         self.slots = slots
         self.slice_s = slice_s
         self._free = asyncio.Semaphore(slots)
+        self.waiting = 0  # cells waiting for a place now
         self.overruns = 0  # cells that outran their slice
-
-    @property
-    def waiting(self) -> int:
-        """Cells waiting for a place now."""
-        waiters = self._free._waiters  # noqa: SLF001 (the semaphore's own queue)
-        return sum(not w.cancelled() for w in waiters) if waiters else 0
 
     @contextlib.asynccontextmanager
     async def admitted(self, overran: Callable[[], None] | None = None) -> AsyncIterator[None]:
         """Wait for a place, hold it while the block runs or for one slice, whichever is
         shorter; when the slice ends first, `overran` is called (once)."""
-        await self._free.acquire()
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
         held = True
 
         def give_up() -> None:

@@ -31,7 +31,7 @@ class CellResult:
     duration_ms: float = 0.0
     dropped_bytes: int = 0  # output beyond the per-cell limit
     files: list[str] = field(default_factory=list)  # created or changed (when tracked)
-    queue_wait_s: float = 0.0  # time it waited behind its session's earlier cells
+    queue_wait_s: float = 0.0  # waited behind its session's earlier cells, then for its turn
 
     @property
     def session_survived(self) -> bool:
