@@ -43,17 +43,24 @@ def process_cpu_s(pid: int) -> tuple[str, float]:
 
 
 def with_children(pids: list[int]) -> list[int]:
-    """pids and their children (the sentries' app processes have no command line to find
-    them by)."""
-    parents = set(pids)
-    found = list(pids)
+    """pids and all their descendants (the sentries' app processes have no command line to
+    find them by, and under ptrace they are the sentry's grandchildren: its first stub
+    forks the others)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 stat = (entry / "stat").read_text()
-                if int(stat.rsplit(")", 1)[1].split()[1]) in parents:
-                    found.append(int(entry.name))
-    return sorted(set(found))
+                parent = int(stat.rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return sorted(found)
 
 
 def machine_cpu_s() -> float:
