@@ -4,9 +4,13 @@ against real gVisor."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+
 import pytest
 
 from cloche.sandbox import gvisor
+from cloche.sessions.session import SessionInfo
 
 
 def platform_of(kernel) -> str:
@@ -32,3 +36,27 @@ def test_sandboxes_started_beyond_the_threshold_use_ptrace_and_work(make_server,
     session_id = server.call(manager.create()).id
     assert server.call(manager.execute(session_id, "6 * 7")).result_text == "42"
     server.call(manager.close(session_id))
+
+
+def test_a_burst_of_starts_goes_on_ptrace_beyond_the_threshold(make_server, monkeypatch):
+    """Sessions asked for all at once, with no pool: each start sees its own count, and the
+    ptrace probe made at start-up has its answer, so the starts beyond the threshold use
+    ptrace. (Once, every start of a burst read the same count, or went on systrap while
+    the first of them probed ptrace: 100 busy systrap sandboxes.)"""
+    monkeypatch.setattr(gvisor, "PTRACE_FROM_PER_CORE", 1)
+    server = make_server(pool_size=0)
+    if server.server.backend.runsc.platform != "systrap":
+        pytest.skip("this runsc has no systrap: every sandbox runs on ptrace already")
+    manager = server.server.manager
+    cores = os.cpu_count() or 1
+
+    async def burst() -> list[SessionInfo]:
+        return list(await asyncio.gather(*(manager.create() for _ in range(cores + 3))))
+
+    infos = server.call(burst())
+    platforms = [platform_of(manager._sessions[info.id].kernel) for info in infos]
+    assert platforms.count("systrap") <= cores, platforms
+    assert platforms.count("ptrace") >= 3, platforms
+    for info in infos:
+        assert server.call(manager.execute(info.id, "6 * 7")).result_text == "42"
+        server.call(manager.close(info.id))

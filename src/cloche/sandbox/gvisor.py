@@ -42,6 +42,7 @@ PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not 
 # the others need (sentry CPU per cell, 2 cores: 0.2 ms at 1 busy session, 1 ms at 10,
 # 8.5 ms at 50 under systrap; see benchmarks/results/throughput.md).
 PTRACE_FROM_PER_CORE = 2
+PROBE_TIMEOUT_S = 30.0  # for a probe sandbox's kernel to say it is up
 
 
 class GVisorBackend(Backend):
@@ -65,7 +66,9 @@ class GVisorBackend(Backend):
             self.mounts.append(Mount(python_prefix, str(python_prefix)))
         self.sys_path: list[str] = []
         self._ptrace_when_busy = False  # platform "auto" chose systrap (see platform_for_new)
-        self._ptrace_works: bool | None = None  # probed the first time it is wanted
+        self._ptrace_works = False  # what the probe at start-up found
+        self._ptrace_probed = threading.Event()
+        self._ptrace_probe: threading.Thread | None = None
         self._live = 0  # sandboxes launched and not yet released
         self._live_lock = threading.Lock()  # launches and releases run in threads
         if config.runtime_dir is not None and config.runtime_dir.is_dir():
@@ -102,6 +105,15 @@ class GVisorBackend(Backend):
         build_rootfs(self.rootfs, self.mounts)
         self.runsc.platform = self._choose_platform()
         self._ptrace_when_busy = self.config.platform == "auto" and self.runsc.platform == "systrap"
+        if self._ptrace_when_busy:
+            # Probed now, while the machine is quiet, and in the background, so that the
+            # server is up at once. Probed on the first busy start instead, the probe would
+            # run beside a burst of starts and time out, and every start of the burst
+            # would go on systrap meanwhile.
+            self._ptrace_probe = threading.Thread(
+                target=self._probe_ptrace, name="cloche-ptrace-probe", daemon=True
+            )
+            self._ptrace_probe.start()
         log.info(
             "gVisor backend ready: runsc %s, platform %s, state %s",
             self.runsc.version,
@@ -132,7 +144,7 @@ class GVisorBackend(Backend):
         sandbox.platform = platform
         try:
             sandbox.launch()
-            ready, _, _ = select.select([sandbox.stdout], [], [], 30.0)
+            ready, _, _ = select.select([sandbox.stdout], [], [], PROBE_TIMEOUT_S)
             if not ready or not sandbox.stdout.read(4):
                 return sandbox.startup_log() or "no answer from the kernel"
             return None
@@ -149,28 +161,28 @@ class GVisorBackend(Backend):
             runtime = f" runtime {self.config.runtime_dir.resolve()}@{stat.st_mtime_ns}"
         return f"{super().image_origin()} runsc {self.runsc.version} {self.runsc.platform}{runtime}"
 
-    def count_live(self, change: int) -> None:
+    def count_live(self, change: int) -> int:
+        """Count sandboxes launched (1) or released (-1); the number live now."""
         with self._live_lock:
             self._live += change
+            return self._live
 
-    def platform_for_new(self) -> str | None:
-        """The platform for a sandbox started now (None: runsc.platform). Blocking: the
-        first time ptrace is wanted, a sandbox is started on it to see that it works."""
-        cores = os.cpu_count() or 1
-        if not self._ptrace_when_busy or self._live < PTRACE_FROM_PER_CORE * cores:
+    def _probe_ptrace(self) -> None:
+        error = self._probe("ptrace")
+        self._ptrace_works = error is None
+        self._ptrace_probed.set()
+        log.info(
+            "sandboxes started beyond %d at once use ptrace: %s",
+            PTRACE_FROM_PER_CORE * (os.cpu_count() or 1),
+            "yes" if error is None else f"no, it failed ({error})",
+        )
+
+    def platform_for_new(self, live: int) -> str | None:
+        """The platform for a sandbox started now, `live` counting it (None:
+        runsc.platform). Blocking while the start-up probe of ptrace is still running."""
+        if not self._ptrace_when_busy or live <= PTRACE_FROM_PER_CORE * (os.cpu_count() or 1):
             return None
-        with self._live_lock:
-            untried = self._ptrace_works is None
-            if untried:
-                self._ptrace_works = False  # until the probe says otherwise
-        if untried:
-            error = self._probe("ptrace")
-            self._ptrace_works = error is None
-            log.info(
-                "sandboxes started beyond %d at once use ptrace: %s",
-                PTRACE_FROM_PER_CORE * cores,
-                "yes" if error is None else f"no, it failed ({error})",
-            )
+        self._ptrace_probed.wait(timeout=PROBE_TIMEOUT_S + 10.0)
         return "ptrace" if self._ptrace_works else None
 
     def create(self, limits: Limits) -> GVisorSandbox:
@@ -193,6 +205,8 @@ class GVisorBackend(Backend):
         cgroups.remove(f"cloche/{instance_dir.name}")
 
     def shutdown(self) -> None:
+        if self._ptrace_probe is not None:
+            self._ptrace_probe.join()  # its sandbox is closed when it ends
         if self.state.path.exists():
             for point in mounts.mounts_under(self.state.path):
                 mounts.unmount(point)
@@ -248,6 +262,10 @@ class GVisorSandbox(Sandbox):
 
     def _launch(self) -> None:
         backend = self.backend
+        # Counted first, in one step with the count it sees: of sandboxes launched at once
+        # (a burst), each sees a different count, so that the platform choice holds.
+        live = backend.count_live(1)
+        self._counted = True
         self.disk.mkdir(parents=True)
         mounts.mount_tmpfs(self.disk, self.limits.disk_mib, SANDBOX_UID, SANDBOX_GID)
         self._mounted = True
@@ -271,7 +289,7 @@ class GVisorSandbox(Sandbox):
         (bundle / "config.json").write_text(json.dumps(config))
         platform = self.platform
         if platform is None and self.restore_from is None:
-            platform = backend.platform_for_new()
+            platform = backend.platform_for_new(live)
         with open(self.home / "runsc.log", "wb") as stderr:
             self.process = subprocess.Popen(
                 self.runsc.run_args(bundle, self.id, self.restore_from, platform),
@@ -281,8 +299,6 @@ class GVisorSandbox(Sandbox):
                 start_new_session=True,  # a Ctrl-C at the server's terminal must not reach it
                 bufsize=0,
             )
-        backend.count_live(1)
-        self._counted = True
 
     def started(self) -> None:
         try:
