@@ -60,3 +60,22 @@ def test_a_burst_of_starts_goes_on_ptrace_beyond_the_threshold(make_server, monk
     for info in infos:
         assert server.call(manager.execute(info.id, "6 * 7")).result_text == "42"
         server.call(manager.close(info.id))
+
+
+def test_a_session_started_on_ptrace_resumes_on_systrap(make_server, monkeypatch):
+    """A session started on ptrace while many sandboxes ran, paused, comes back with its
+    state on systrap, busy or not: images restore on the server's platform (one made on
+    systrap crashes when restored on ptrace, so restores never use ptrace)."""
+    monkeypatch.setattr(gvisor, "PTRACE_FROM_PER_CORE", 0)  # every start is "beyond"
+    server = make_server(pool_size=0)
+    if server.server.backend.runsc.platform != "systrap":
+        pytest.skip("this runsc has no systrap: every sandbox runs on ptrace already")
+    manager = server.server.manager
+    session_id = server.call(manager.create()).id
+    assert server.call(manager.execute(session_id, "x = 41")).status.value == "ok"
+    assert platform_of(manager._sessions[session_id].kernel) == "ptrace"
+    server.call(manager.pause(session_id))
+    server.call(manager.resume(session_id))
+    assert platform_of(manager._sessions[session_id].kernel) == "systrap"
+    assert server.call(manager.execute(session_id, "x + 1")).result_text == "42"
+    server.call(manager.close(session_id))

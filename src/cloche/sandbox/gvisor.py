@@ -288,7 +288,7 @@ class GVisorSandbox(Sandbox):
         )
         (bundle / "config.json").write_text(json.dumps(config))
         platform = self.platform
-        if platform is None and self.restore_from is None:
+        if platform is None and self.restore_from is None:  # restores: see run_args
             platform = backend.platform_for_new(live)
         with open(self.home / "runsc.log", "wb") as stderr:
             self.process = subprocess.Popen(

@@ -78,8 +78,9 @@ class Runsc:
         image: Path | None = None,
         platform: str | None = None,
     ) -> list[str]:
-        """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it (on
-        the image's platform, self.platform)."""
+        """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it, on
+        self.platform whatever platform made it: runsc 0.0~20240729 restores an image
+        made on ptrace on systrap, but one made on systrap crashes on ptrace."""
         if image is not None:
             return [
                 *self.global_args(),
