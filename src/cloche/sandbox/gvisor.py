@@ -168,7 +168,10 @@ class GVisorBackend(Backend):
             return self._live
 
     def _probe_ptrace(self) -> None:
-        error = self._probe("ptrace")
+        try:
+            error = self._probe("ptrace")
+        except Exception as exc:  # whatever it was, ptrace is not used
+            error = str(exc)
         self._ptrace_works = error is None
         self._ptrace_probed.set()
         log.info(
