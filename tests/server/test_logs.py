@@ -67,7 +67,9 @@ def test_log_format_is_a_flag_and_an_environment_variable(monkeypatch) -> None:
 
 def test_a_server_with_cloche_log_format_json_writes_only_json_lines(tmp_path) -> None:
     require_gvisor()
-    server = ServerProcess(tmp_path / "state", env={"CLOCHE_LOG_FORMAT": "json"})
+    # At debug level: routine cells' lines are debug ones, and every library's lines count.
+    env = {"CLOCHE_LOG_FORMAT": "json", "CLOCHE_LOG_LEVEL": "debug"}
+    server = ServerProcess(tmp_path / "state", env=env)
     with server.client() as c:
         sid = c.run("x = 1")["session_id"]
         assert c.run("x + 1", sid)["output"] == "2\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from cloche.config import Limits
@@ -148,3 +150,23 @@ def test_cells_queue_in_order_in_one_session(tight):
     assert all(r["status"] == "ok" for r in replies.values())
     with tight.client() as c:
         assert sorted(eval(c.run("log", sid)["output"])) == [0, 1, 2, 3, 4]  # noqa: S307
+
+
+def test_routine_cells_are_logged_at_debug_and_limited_ones_at_info(tight, caplog):
+    """A line per cell at info level costs a busy server ~10% of its CPU; a cell stopped
+    by its time limit is still worth an operator's eye."""
+    caplog.set_level(logging.DEBUG, logger="cloche.session")
+    with tight.client() as c:
+        sid = c.run("1")["session_id"]
+        c.run("1 / 0", sid)
+        assert c.run("import time; time.sleep(100)", sid, timeout_s=1)["cell_status"] == "timeout"
+    lines = {
+        r.getMessage().split()[2]: r.levelno
+        for r in caplog.records
+        if r.name == "cloche.session" and r.getMessage().startswith(f"cell session={sid} ")
+    }
+    assert lines == {
+        "status=ok": logging.DEBUG,
+        "status=error": logging.DEBUG,
+        "status=timeout": logging.INFO,
+    }

@@ -16,7 +16,7 @@ from cloche.sandbox.base import ExitStep
 from cloche.sandbox.files import Snapshot, WorkdirFiles, changed
 from cloche.sessions.gate import CellGate
 from cloche.sessions.kernel import EventCallback, KernelClient
-from cloche.sessions.result import CellResult
+from cloche.sessions.result import CellResult, CellStatus
 
 # A working directory this small is walked on the event loop: ~1 µs an entry.
 _INLINE_WALK_ENTRIES = 64
@@ -27,6 +27,8 @@ FREEZE_PROBE_S = 1.0
 BUSY_SHARE = 0.10
 
 log = logging.getLogger("cloche.session")
+# Cells whose end is the user's business: logged at debug level (see `Session.execute`).
+_ROUTINE = frozenset({CellStatus.OK, CellStatus.ERROR})
 
 
 class SessionState(enum.Enum):
@@ -231,7 +233,11 @@ class Session:
             if before is not None and result.session_survived:
                 result.files = changed(before, await self._snapshot())
             self.execution_count = result.execution_count or self.execution_count
-            log.info(
+            # One line per cell would cost a busy server ~10% of its CPU (BENCHMARKS.md,
+            # "Many busy sessions"), and /metrics counts cells: cells that ran or raised
+            # are logged at debug level, those stopped by a limit or lost at info.
+            log.log(
+                logging.DEBUG if result.status in _ROUTINE else logging.INFO,
                 "cell session=%s status=%s duration_ms=%.2f count=%d",
                 self.id,
                 result.status.value,
