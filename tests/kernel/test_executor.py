@@ -250,3 +250,47 @@ def test_run_does_evaluate_annotations_eagerly_as_plain_python_does(executor):
 def test_run_does_honour_a_future_import_in_the_cell_itself(executor):
     run(executor, "from __future__ import annotations\ndef f(x: undefined_name):\n    pass")
     assert run(executor, "f.__annotations__").value == {"x": "undefined_name"}
+
+
+# sources kept for tracebacks
+
+
+def test_end_cell_does_drop_the_source_of_a_cell_of_plain_statements(executor):
+    import linecache
+
+    before = len(linecache.cache)
+    run(executor, "i = 0")
+    for _ in range(1000):
+        assert run(executor, "i += 1").exception is None
+        executor.end_cell()
+    assert executor.namespace["i"] == 1000
+    assert len(linecache.cache) <= before + 1  # the first cell's, which was never ended
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f():\n    return 1 / 0",
+        "class C:\n    def m(self):\n        return 1 / 0\nf = C().m",
+        "f = lambda: 1 / 0",
+        "gen = (1 / 0 for _ in [1])\nf = lambda: next(gen)",
+    ],
+)
+def test_end_cell_does_keep_the_source_of_code_that_outlives_its_cell(executor, source):
+    run(executor, source)
+    executor.end_cell()
+    for _ in range(3):
+        run(executor, "x = 1")
+        executor.end_cell()
+    text = "\n".join(error_of(executor, "f()")["traceback"])
+    assert 'File "<cell-1>"' in text
+    assert "1 / 0" in text  # the line itself, read back from linecache
+
+
+def test_end_cell_does_drop_a_failed_cells_source_after_its_traceback_was_made(executor):
+    import linecache
+
+    error = error_of(executor, "y = 1\nraise ValueError('late')")
+    assert "raise ValueError('late')" in "\n".join(error["traceback"])
+    executor.end_cell()
+    assert "<cell-1>" not in linecache.cache

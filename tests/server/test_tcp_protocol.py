@@ -51,6 +51,20 @@ def test_exception_is_an_error_with_traceback_and_earlier_output(client):
     assert client.run("'alive'", reply["session_id"])["output"] == "'alive'\n"
 
 
+def test_a_long_session_keeps_only_the_sources_that_can_still_run(client):
+    """A function's source stays for its tracebacks; plain cells' sources don't pile up
+    (a million of them would be ~350 MB of the session's memory)."""
+    sid = client.run("def g():\n    return 1 / 0  # defined in cell one")["session_id"]
+    client.run("import linecache\ni = 0", sid)
+    base = int(client.run("len(linecache.cache)", sid)["output"])
+    for _ in range(300):
+        assert client.run("i += 1", sid)["status"] == "ok"
+    assert int(client.run("len(linecache.cache)", sid)["output"]) <= base + 1
+    error = client.run("i, g()", sid)["error"]
+    assert 'File "<cell-1>", line 2, in g' in error
+    assert "return 1 / 0  # defined in cell one" in error
+
+
 def test_syntax_error_is_an_error(client):
     reply = client.run("def (:")
     assert reply["status"] == "error"

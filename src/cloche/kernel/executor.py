@@ -3,6 +3,12 @@
 The last statement, when it is an expression, is evaluated on its own and its value
 becomes the cell's result (as the interactive interpreter echoes it). Tracebacks show the
 user's code under `<cell-N>` names and never the kernel's own frames.
+
+A cell's source stays in `linecache` (for tracebacks and `inspect`) only while something
+can still run its code: a cell that defines functions, classes, lambdas or comprehensions
+keeps it for the session's life, a cell of plain statements gives it up once its reply is
+out. Otherwise a session running a million `i += 1` cells would hold a million sources
+(~350 bytes each), and its memory limit would end it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import builtins
 import linecache
 import os
 import traceback
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +41,7 @@ class Executor:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.execution_count = 0
+        self._passing_source: str | None = None  # the linecache entry `end_cell` drops
 
     def run(self, source: str, in_cell: Callable[[bool], None], *, silent: bool = False) -> Outcome:
         """Run one cell. `in_cell(True)` is called right before user code runs, and
@@ -41,6 +49,7 @@ class Executor:
 
         A silent cell runs in a throwaway namespace and is not counted.
         """
+        self._passing_source = None
         if silent:
             filename = "<preload>"
         else:
@@ -56,7 +65,11 @@ class Executor:
             body = compile(tree, filename, "exec", dont_inherit=True)
             tail = compile(last, filename, "eval", dont_inherit=True) if last else None
         except BaseException as exc:  # SyntaxError, ValueError (null bytes), RecursionError...
+            if not silent:
+                self._passing_source = filename
             return Outcome(exception=exc)
+        if not silent and not _makes_code(body) and not (tail and _makes_code(tail)):
+            self._passing_source = filename
         namespace = {"__name__": "__preload__"} if silent else self.namespace
         try:
             in_cell(True)
@@ -71,6 +84,18 @@ class Executor:
             return Outcome()
         namespace["_"] = value
         return Outcome(has_value=True, value=value)
+
+
+    def end_cell(self) -> None:
+        """The cell's reply is out: drop its source unless code made by it lives on."""
+        if self._passing_source is not None:
+            linecache.cache.pop(self._passing_source, None)
+            self._passing_source = None
+
+
+def _makes_code(code: types.CodeType) -> bool:
+    """Whether running `code` can make functions (or classes, generators...) of its own."""
+    return any(isinstance(const, types.CodeType) for const in code.co_consts)
 
 
 def _user_frames(stack: traceback.StackSummary) -> traceback.StackSummary:

@@ -113,6 +113,7 @@ class Kernel:
         reply["dropped_bytes"] = self.capture.end_cell()
         self.channel.send(reply)
         self.capture.repair()
+        self.executor.end_cell()
 
     def _result(self, value: Any) -> dict[str, Any]:
         result: dict[str, Any] = {"data": mime_bundle(value, self.output_limit)}
