@@ -85,7 +85,6 @@ class Executor:
         namespace["_"] = value
         return Outcome(has_value=True, value=value)
 
-
     def end_cell(self) -> None:
         """The cell's reply is out: drop its source unless code made by it lives on."""
         if self._passing_source is not None:
