@@ -52,8 +52,14 @@ def cluster_server(config: ServerConfig) -> Iterator[ServerThread]:
     with ServerThread(config) as running:
         ray_temp = running.server.manager.engine.temp_dir  # type: ignore[union-attr]
         yield running
-    assert ray_temp is not None and not Path(ray_temp).exists(), ray_temp
+    assert ray_temp is not None
+    _ended_ray_temps.append(ray_temp)
+    # Nor has Ray made an earlier cluster's dir again meanwhile (it did, while a later ran).
+    assert [temp for temp in _ended_ray_temps if Path(temp).exists()] == []
     assert list(config.state_dir.glob("node-*")) == []
+
+
+_ended_ray_temps: list[str] = []  # of this test process's local clusters
 
 
 class ServerThread:

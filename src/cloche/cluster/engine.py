@@ -7,6 +7,7 @@ cluster manager import Ray, and only when --cluster is given (the `cluster` extr
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -34,6 +35,10 @@ DIRECTORY_NAME = "cloche-directory"
 AGENT_EXIT_S = 30.0  # a local cluster's node agents, to exit once Ray's processes are stopped
 LOCAL_OBJECT_STORE_BYTES = 128 * MIB  # per node of a local cluster (Ray's default: 30% of RAM)
 # Declare a silent node dead in ~2 s, not Ray's default ~16 s (measured on one machine).
+# Temp dirs of this process's local clusters that have ended. Ray's driver side makes an
+# ended cluster's (empty) session directory again while a later cluster of the same process
+# runs; each close, and the process's exit, removes them all again.
+_ENDED_TEMPS: set[str] = set()
 LOCAL_SYSTEM_CONFIG = {
     "health_check_period_ms": 500,
     "health_check_timeout_ms": 1000,
@@ -232,9 +237,17 @@ class Engine:
             self.sweep()
             self._local = None
         if self._temp is not None:
-            shutil.rmtree(self._temp, ignore_errors=True)
+            if not _ENDED_TEMPS:
+                atexit.register(_remove_ended_temps)
+            _ENDED_TEMPS.add(self._temp)
+            _remove_ended_temps()
             os.environ.pop("RAY_TMPDIR", None)
             self._temp = None
+
+
+def _remove_ended_temps() -> None:
+    for temp in _ENDED_TEMPS:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _head_affinity(ray: Any) -> Any:
