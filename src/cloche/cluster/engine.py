@@ -34,11 +34,11 @@ NODE_RESOURCE = "cloche_node"  # a Ray node with this resource runs a node agent
 DIRECTORY_NAME = "cloche-directory"
 AGENT_EXIT_S = 30.0  # a local cluster's node agents, to exit once Ray's processes are stopped
 LOCAL_OBJECT_STORE_BYTES = 128 * MIB  # per node of a local cluster (Ray's default: 30% of RAM)
-# Declare a silent node dead in ~2 s, not Ray's default ~16 s (measured on one machine).
 # Temp dirs of this process's local clusters that have ended. Ray's driver side makes an
 # ended cluster's (empty) session directory again while a later cluster of the same process
 # runs; each close, and the process's exit, removes them all again.
 _ENDED_TEMPS: set[str] = set()
+# Declare a silent node dead in ~2 s, not Ray's default ~16 s (measured on one machine).
 LOCAL_SYSTEM_CONFIG = {
     "health_check_period_ms": 500,
     "health_check_timeout_ms": 1000,
@@ -237,14 +237,13 @@ class Engine:
             self.sweep()
             self._local = None
         if self._temp is not None:
-            if not _ENDED_TEMPS:
-                atexit.register(_remove_ended_temps)
             _ENDED_TEMPS.add(self._temp)
             _remove_ended_temps()
             os.environ.pop("RAY_TMPDIR", None)
             self._temp = None
 
 
+@atexit.register
 def _remove_ended_temps() -> None:
     for temp in _ENDED_TEMPS:
         shutil.rmtree(temp, ignore_errors=True)
