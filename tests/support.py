@@ -222,7 +222,11 @@ def leftovers(state_dir: Path, instance: str) -> dict[str, list[str]]:
     processes = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
     with open("/proc/self/mountinfo") as mountinfo:
         mounts = [line.split()[4] for line in mountinfo if pattern in line.split()[4]]
-    cgroups = [str(path) for path in Path("/sys/fs/cgroup").glob(f"*/cloche/{instance}")]
+    cgroups = [
+        str(path)
+        for top in ("cloche", "cloche-behind")
+        for path in Path("/sys/fs/cgroup").glob(f"*/{top}/{instance}")
+    ]
     state = [str(p) for p in state_dir.iterdir()] if state_dir.exists() else []
     state = [p for p in state if instance in p]
     return {

@@ -1,10 +1,12 @@
 """Turns across sessions (sessions/gate.py) against a real server: a long cell gives its
-turn up and its session runs behind the others for CPU until a cell of it is short; a
-flooding session leaves another's latency within 2x of what it is alone."""
+turn up and its session runs behind the others (and behind the host's processes) for CPU
+until a cell of it is short; sessions flooding output and spinning leave another's p99
+within 2x of what it is alone."""
 
 from __future__ import annotations
 
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -12,15 +14,24 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cloche.errors import ProtocolError
 from cloche.sandbox import cgroups
-from support import BusyClient, ServerProcess, TimedClient, busy, require_gvisor
+from support import (
+    NOTHING_LEFT,
+    BusyClient,
+    ServerProcess,
+    TimedClient,
+    busy,
+    leftovers,
+    require_gvisor,
+)
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
 
-# Cells that run long: one printing as fast as it can for 1 s (its output beyond the
-# limit is dropped), one spinning on the CPU for 1 s.
-FLOOD = "import time\nend = time.time() + 1\nwhile time.time() < end: print('flood' * 16)"
-SPIN = "import time\nend = time.time() + 1\nwhile time.time() < end: pass"
+# Cells that run long: one printing as fast as it can for 0.5 s (its output beyond the
+# limit is dropped), one spinning on the CPU for 0.5 s.
+FLOOD = "import time\nend = time.time() + 0.5\nwhile time.time() < end: print('flood' * 16)"
+SPIN = "import time\nend = time.time() + 0.5\nwhile time.time() < end: pass"
 
 
 @pytest.fixture
@@ -40,6 +51,21 @@ def cpu_weights(instance: str) -> list[int]:
     return found
 
 
+def behind(instance: str) -> dict[str, list[str]]:
+    """The processes of each of a server's sandboxes in the top-level behind group, by
+    sandbox id."""
+    root = cgroups.cpu_only_hierarchy()
+    assert root is not None, "no v1 cpu hierarchy of its own: the behind group is v1-only"
+    return {
+        procs.parent.name: procs.read_text().split()
+        for procs in root.glob(f"{cgroups.BEHIND}/{instance}/*/cgroup.procs")
+    }
+
+
+def moved(instance: str) -> list[str]:
+    return [pid for pids in behind(instance).values() for pid in pids]
+
+
 def wait_for(condition, timeout_s: float = 60.0) -> None:
     until = time.monotonic() + timeout_s
     while not condition():
@@ -53,9 +79,13 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
     try:
         with server.client() as c:
             spinner = c.run("0")["session_id"]
-        with server.client() as c:
             other = c.run("k = 0")["session_id"]
+            # A first cell can outrun the 50 ms slice on a busy machine (it is its session's
+            # first): a second one, short on the CPU, brings its session level if so.
+            for session in (spinner, other):
+                assert c.run("pass", session)["status"] == "ok"
         assert background not in cpu_weights(server.instance)
+        wait_for(lambda: moved(server.instance) == [])  # moves run in the server's mover thread
         reply: dict[str, object] = {}
 
         def spin() -> None:
@@ -64,8 +94,18 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
 
         thread = threading.Thread(target=spin)
         thread.start()
-        # Past its slice, the spinning cell's sandbox (and only it) has the low weight...
+        # Past its slice, the spinning cell's sandbox (and only it) has the low weight, and
+        # its processes are in the top-level behind group for the CPU, and only for it: their
+        # memory cgroup (their limits) stays their own...
         wait_for(lambda: cpu_weights(server.instance).count(background) == 1)
+        wait_for(lambda: len(behind(server.instance)) == 1 and moved(server.instance) != [])
+        (sandbox_id,) = behind(server.instance)
+        for pid in moved(server.instance):
+            groups = dict(
+                line.split(":", 2)[1:] for line in Path(f"/proc/{pid}/cgroup").read_text().split()
+            )
+            assert groups["memory"] == cgroups.cgroups_path(server.instance, sandbox_id)
+            assert groups["cpu"] == cgroups.behind_path(server.instance, sandbox_id)
         # ...and with the only turn given up, another session's cells still run.
         with server.client() as c:
             for _ in range(20):
@@ -80,27 +120,57 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
         # A session whose cells run long stays behind until one of them is short (on the
         # CPU: a short cell slowed down by a busy machine counts as short).
         assert cpu_weights(server.instance).count(background) == 1
+        assert moved(server.instance) != []
         with server.client() as c:
             assert c.run("1 + 1", spinner)["output"] == "2\n"
         assert background not in cpu_weights(server.instance)
+        wait_for(lambda: moved(server.instance) == [])
         metrics = httpx.get(f"http://127.0.0.1:{server.http_port}/metrics", timeout=30).text
         assert re.search(r"^cloche_cell_slice_overruns_total [1-9]", metrics, re.M), metrics
         assert re.search(r"^cloche_cells_waiting_turn 0\.0$", metrics, re.M), metrics
     finally:
         assert server.stop() == 0
+    assert leftovers(state_dir, server.instance) == NOTHING_LEFT
+
+
+def test_a_server_killed_with_a_sandbox_behind_leaves_nothing_after_the_next_start(state_dir):
+    killed = ServerProcess(state_dir)
+    with killed.client() as c:
+        spinner = c.run("0")["session_id"]
+    lost: list[BaseException] = []
+
+    def spin() -> None:
+        try:
+            with killed.client() as c:
+                c.run("while True: pass", spinner)
+        except (OSError, ProtocolError) as exc:  # its server is killed under it
+            lost.append(exc)
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    wait_for(lambda: moved(killed.instance) != [])
+    killed.stop(signal.SIGKILL)
+    thread.join(60)
+    assert lost, "the spinning cell's client saw its server go"
+    successor = ServerProcess(state_dir)
+    try:
+        assert leftovers(state_dir, killed.instance) == NOTHING_LEFT  # cleaned at start-up
+    finally:
+        assert successor.stop() == 0
+    assert leftovers(state_dir, successor.instance) == NOTHING_LEFT
 
 
 def test_long_cells_leave_another_sessions_latency_within_2x(state_dir):
     """A witness's cells beside one session printing flat out and one spinning on the CPU,
-    cell after cell, against the witness alone: within 2x at the 90th percentile. Alone and
-    beside are measured in alternating blocks and pooled (1,200 cells each), so that both
-    see the same machine; the noisy sessions exist throughout, idle in the blocks alone; a
-    second run is allowed, so that a stall of a shared machine in one run does not decide.
+    cell after cell, against the witness alone: the p99 within 2x. Alone and beside are
+    measured in 16 alternating blocks of 150 cells and pooled (2,400 cells each), so that
+    both see the same machine; the noisy sessions exist throughout, idle in the blocks
+    alone. A second run is allowed, so that a stall of a shared machine in one run does not
+    decide.
 
-    The issue asks for the p99 within 2x. On this 2-core VM one p99 is the 12th-slowest of
-    1,200 cells, and stalls of the machine alone move it 2-8x between runs (BENCHMARKS.md
-    has the measured p99s, from benchmarks/fairness.py): a test on it would fail for
-    nothing. The p90 is what can be asserted here without flaking."""
+    Both noisy sessions run behind, in the top-level behind group: with their sandboxes
+    only lowered under `cloche/`, the p99 beside them was 6-13x (the server and the
+    clients, outside `cloche/`, waited behind the spinning sandboxes)."""
     server = ServerProcess(state_dir, "--pool-size", "3")
     alone: list[float] = []
     beside: list[float] = []
@@ -112,10 +182,10 @@ def test_long_cells_leave_another_sessions_latency_within_2x(state_dir):
         witness.cells(50)  # warm
         for _run in range(2):
             alone, beside = [], []
-            for _block in range(4):
-                alone += witness.cells(300)
+            for _block in range(16):
+                alone += witness.cells(150)
                 with busy(flood, spin):
-                    beside += witness.cells(300)
+                    beside += witness.cells(150)
             runs.append(
                 " ".join(
                     f"p{q}: {quantile(beside, q) * 1e3:.2f} ms beside, "
@@ -123,14 +193,14 @@ def test_long_cells_leave_another_sessions_latency_within_2x(state_dir):
                     for q in (50, 90, 99)
                 )
             )
-            if quantile(beside, 90) <= 2 * quantile(alone, 90):
+            if quantile(beside, 99) <= 2 * quantile(alone, 99):
                 break
         for client in (witness, flood, spin):
             client.close()
     finally:
         assert server.stop() == 0
     print("\n".join(runs))
-    assert quantile(beside, 90) <= 2 * quantile(alone, 90), runs
+    assert quantile(beside, 99) <= 2 * quantile(alone, 99), runs
 
 
 def quantile(samples: list[float], percent: int) -> float:

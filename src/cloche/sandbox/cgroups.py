@@ -1,4 +1,5 @@
-"""The host cgroups runsc makes for sandboxes (under `cloche/<instance>/`), and removing them."""
+"""The host cgroups runsc makes for sandboxes (under `cloche/<instance>/`), the CPU group
+that sandboxes running long are moved to (`cloche-behind/<instance>/`), and removing them."""
 
 from __future__ import annotations
 
@@ -9,11 +10,23 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 STARTING_CPU_SHARES = 64  # while a sandbox starts and waits in the pool
 SERVING_CPU_SHARES = 1024  # the kernel's default, once a session has it
 BACKGROUND_CPU_SHARES = 16  # while its cell runs past its slice (sessions/gate.py)
+# A top-level CPU group, at the lowest priority, for sandboxes whose cells run past their
+# slice. Only a top-level group is behind the host's own processes: a weight set under
+# `cloche/` orders sandboxes among themselves, but the `cloche` group as a whole competes
+# with the server and its clients at full weight whenever only long cells run in it. Two
+# sandboxes running long then kept the server and the clients waiting, and the cells of
+# other sessions took 6-13x as long at the p99 (benchmarks/results/throughput.md).
+BEHIND = "cloche-behind"
 
 
 def cgroups_path(instance: str, sandbox_id: str) -> str:
     """The OCI `linux.cgroupsPath` for a sandbox."""
     return f"/cloche/{instance}/{sandbox_id}"
+
+
+def behind_path(instance: str, sandbox_id: str) -> str:
+    """A sandbox's place in the top-level behind group."""
+    return f"/{BEHIND}/{instance}/{sandbox_id}"
 
 
 def _hierarchies() -> list[Path]:
@@ -70,6 +83,72 @@ def set_cpu_shares(relative: str, shares: int) -> bool:
     """Give a cgroup a CPU weight (v1 cpu.shares, or v2 cpu.weight); False if it has none."""
     weight = 1 + (max(shares, 2) - 2) * 9999 // 262142  # runc's mapping of shares to weight
     return _write_control(relative, {"cpu.shares": str(shares), "cpu.weight": str(weight)})
+
+
+def cpu_only_hierarchy() -> Path | None:
+    """The v1 hierarchy of the cpu controller, when it has no other controller than cpuacct:
+    there a process can change its CPU group and keep its memory and pids limits. None
+    under v2, where a process has one cgroup for all controllers."""
+    for root in _hierarchies()[1:]:
+        controllers = set(root.name.split(","))
+        if "cpu" in controllers and controllers <= {"cpu", "cpuacct"}:
+            if (root / "cpu.shares").is_file():
+                return root
+    return None
+
+
+def put_behind(home: str, behind: str) -> bool:
+    """Move the processes of the cgroup at home, for the CPU alone, to behind (made under the
+    top-level behind group with home's CPU quota); False where a v1 cpu-only hierarchy is
+    missing."""
+    root = cpu_only_hierarchy()
+    if root is None:
+        return False
+    target = root / behind.strip("/")
+    if not target.is_dir():
+        top = root / BEHIND
+        top.mkdir(exist_ok=True)
+        _lowest_priority(top)
+        target.mkdir(parents=True, exist_ok=True)
+        source = root / home.strip("/")
+        for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us"):  # the quota's period first
+            try:
+                (target / name).write_text((source / name).read_text())
+            except OSError:
+                pass  # home is gone: the sandbox has ended, and nothing moves below
+    _move_processes(root / home.strip("/"), target)
+    return True
+
+
+def bring_level(home: str, behind: str) -> None:
+    """Move the processes put behind back to the cgroup at home."""
+    root = cpu_only_hierarchy()
+    if root is not None:
+        _move_processes(root / behind.strip("/"), root / home.strip("/"))
+
+
+def _lowest_priority(group: Path) -> None:
+    """SCHED_IDLE for a whole group (cpu.idle, Linux 5.15): preempted by any other task that
+    wakes; the lowest weight where the kernel is older."""
+    try:
+        (group / "cpu.idle").write_text("1\n")
+    except OSError:
+        (group / "cpu.shares").write_text("2\n")
+
+
+def _move_processes(source: Path, target: Path) -> None:
+    for _ in range(3):  # a process forked during a pass is in the next one
+        try:
+            pids = (source / "cgroup.procs").read_text().split()
+        except OSError:
+            return  # the group is gone: its sandbox has ended
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                (target / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # it exited meanwhile, or the target went with its sandbox
 
 
 def set_frozen(relative: str, frozen: bool) -> bool:

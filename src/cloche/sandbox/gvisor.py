@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cloche.config import Limits, ServerConfig
@@ -55,6 +57,10 @@ class GVisorBackend(Backend):
         super().__init__(config)
         self.runsc: Runsc | None = None
         self.cgroups = True  # whether sandboxes get cgroups (found out by prepare)
+        # Whether sandboxes running long move to the top-level behind group (prepare finds
+        # out); moves run in one thread, in the order asked, as one can take tens of ms.
+        self.moves_behind = False
+        self.cpu_mover = ThreadPoolExecutor(1, thread_name_prefix="cloche-cpu-group")
         python_prefix = Path(sys.base_prefix).resolve()
         self.python = str(
             Path(sys.base_exec_prefix)
@@ -95,10 +101,12 @@ class GVisorBackend(Backend):
                 "; ".join(cgroups.CGROUP_ONLY_LIMITS),
             )
         self.runsc.ignore_cgroups = not self.cgroups
+        self.moves_behind = self.cgroups and cgroups.cpu_only_hierarchy() is not None
         super().prepare()
         # Empty cgroups of servers that died with their state elsewhere (rmdir can only
         # remove empty ones: live sandboxes keep theirs).
         cgroups.remove("cloche")
+        cgroups.remove(cgroups.BEHIND)
         self.runsc.root = self.state.path / "runsc"
         self.runsc.root.mkdir(mode=0o700)
         (self.state.path / "sandboxes").mkdir()
@@ -206,15 +214,18 @@ class GVisorBackend(Backend):
         for point in mounts.mounts_under(instance_dir):
             mounts.unmount(point)
         cgroups.remove(f"cloche/{instance_dir.name}")
+        cgroups.remove(f"{cgroups.BEHIND}/{instance_dir.name}")
 
     def shutdown(self) -> None:
         if self._ptrace_probe is not None:
             self._ptrace_probe.join()  # its sandbox is closed when it ends
+        self.cpu_mover.shutdown()
         if self.state.path.exists():
             for point in mounts.mounts_under(self.state.path):
                 mounts.unmount(point)
-        cgroups.remove(f"cloche/{self.state.instance}")
-        cgroups.remove_if_empty("cloche")  # shared by servers side by side: kept while in use
+        for top in ("cloche", cgroups.BEHIND):
+            cgroups.remove(f"{top}/{self.state.instance}")
+            cgroups.remove_if_empty(top)  # shared by servers side by side: kept while in use
         super().shutdown()
 
 
@@ -239,6 +250,8 @@ class GVisorSandbox(Sandbox):
         self.mounts = backend.mounts
         self._counted = False  # in backend's count of live sandboxes
         self.platform: str | None = None  # runsc's unless set (a restore is always runsc's)
+        self._cpu_group_lock = threading.Lock()  # a move behind against the release
+        self._released = False
 
     @property
     def disk(self) -> Path:
@@ -326,7 +339,10 @@ class GVisorSandbox(Sandbox):
             self.frozen = False
 
     def cpu_seconds(self) -> float | None:
-        return cgroups.cpu_usage_s(self._cgroup)
+        used = cgroups.cpu_usage_s(self._cgroup)
+        # Where cpuacct shares the cpu hierarchy, the time spent behind is counted there.
+        behind = cgroups.cpu_usage_s(self._behind) if self.backend.moves_behind else None
+        return used if behind is None or used is None else used + behind
 
     def checkpoint(
         self, image: Path, *, leave_running: bool = False, compressed: bool = True
@@ -340,6 +356,10 @@ class GVisorSandbox(Sandbox):
     @property
     def _cgroup(self) -> str:
         return cgroups.cgroups_path(self.backend.state.instance, self.id)
+
+    @property
+    def _behind(self) -> str:
+        return cgroups.behind_path(self.backend.state.instance, self.id)
 
     def close(self, grace_s: float = 2.0) -> ExitStep:
         self.thaw()  # a frozen kernel could neither exit nor be killed
@@ -358,9 +378,25 @@ class GVisorSandbox(Sandbox):
             log.warning("sandbox %s: no CPU weight to raise in cgroup %s", self.id, path)
 
     def background(self, behind: bool) -> None:
+        """Lower the sandbox's weight among the others; and, where the machine allows, move
+        its processes, for the CPU alone, to the top-level behind group, so that it is behind
+        the host's processes too (see cgroups.BEHIND). The move happens in the backend's
+        mover thread."""
         if self.backend.cgroups:
             shares = cgroups.BACKGROUND_CPU_SHARES if behind else cgroups.SERVING_CPU_SHARES
             cgroups.set_cpu_shares(self._cgroup, shares)
+        if self.backend.moves_behind:
+            with contextlib.suppress(RuntimeError):  # the server has shut down: no need
+                self.backend.cpu_mover.submit(self._move, behind)
+
+    def _move(self, behind: bool) -> None:
+        with self._cpu_group_lock:
+            if self._released:
+                return
+            if behind:
+                cgroups.put_behind(self._cgroup, self._behind)
+            else:
+                cgroups.bring_level(self._cgroup, self._behind)
 
     def kill(self) -> None:
         self.thaw()
@@ -377,6 +413,9 @@ class GVisorSandbox(Sandbox):
         if self.runsc.has_state(self.id):
             self.runsc.delete(self.id)
         cgroups.remove(cgroups.cgroups_path(self.backend.state.instance, self.id))
+        with self._cpu_group_lock:
+            self._released = True
+            cgroups.remove(self._behind)
         if self._mounted:
             mounts.unmount(self.disk)
         shutil.rmtree(self.home, ignore_errors=True)
