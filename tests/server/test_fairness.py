@@ -62,6 +62,18 @@ def behind(instance: str) -> dict[str, list[str]]:
     }
 
 
+def sandbox_ids(instance: str) -> list[str]:
+    root = cgroups.cpu_only_hierarchy()
+    assert root is not None
+    return [group.name for group in root.glob(f"cloche/{instance}/*") if group.is_dir()]
+
+
+def cpu_used(instance: str, sandbox_id: str) -> float:
+    used = cgroups.cpu_usage_s(cgroups.cgroups_path(instance, sandbox_id))
+    assert used is not None
+    return used
+
+
 def moved(instance: str) -> list[str]:
     return [pid for pids in behind(instance).values() for pid in pids]
 
@@ -128,6 +140,53 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
         metrics = httpx.get(f"http://127.0.0.1:{server.http_port}/metrics", timeout=30).text
         assert re.search(r"^cloche_cell_slice_overruns_total [1-9]", metrics, re.M), metrics
         assert re.search(r"^cloche_cells_waiting_turn 0\.0$", metrics, re.M), metrics
+    finally:
+        assert server.stop() == 0
+    assert leftovers(state_dir, server.instance) == NOTHING_LEFT
+
+
+def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
+    """Past its slice a sleeping cell is behind the other sandboxes, but not behind the
+    host's processes: it would wake behind every pool refill then."""
+    background = cgroups.BACKGROUND_CPU_SHARES
+    server = ServerProcess(state_dir, "--cell-slice", "0.05")
+    try:
+        with server.client() as c:
+            sleeper = c.run("import time")["session_id"]
+            spinner = c.run("0")["session_id"]
+            for session in (sleeper, spinner):  # level, if a first cell outran its slice
+                assert c.run("pass", session)["status"] == "ok"
+            wait_for(lambda: moved(server.instance) == [])
+            assert c.run("time.sleep(0.5)", sleeper)["status"] == "ok"
+        assert cpu_weights(server.instance).count(background) == 1
+        used_before = {
+            sandbox_id: cpu_used(server.instance, sandbox_id)
+            for sandbox_id in sandbox_ids(server.instance)
+        }
+
+        def spin() -> None:
+            with server.client() as c:
+                assert c.run("while True: pass", spinner)["status"] == "error"
+
+        thread = threading.Thread(target=spin)
+        thread.start()
+        # Moves run in order, in one thread: once the spinner's is done (its sandbox is the
+        # one using the CPU now), a move of the sleeper's sandbox would be done too.
+        wait_for(lambda: cpu_weights(server.instance).count(background) == 2)
+
+        def spinner_moved() -> bool:
+            for sandbox_id in behind(server.instance):
+                used = cpu_used(server.instance, sandbox_id)
+                if used - used_before.get(sandbox_id, used) > 0.2:
+                    return True
+            return False
+
+        wait_for(spinner_moved)
+        assert len(behind(server.instance)) == 1
+        url = f"http://127.0.0.1:{server.http_port}/v1/sessions/{spinner}/interrupt"
+        assert httpx.post(url, timeout=30).json() == {"interrupted": True}
+        thread.join(60)
+        assert not thread.is_alive()
     finally:
         assert server.stop() == 0
     assert leftovers(state_dir, server.instance) == NOTHING_LEFT

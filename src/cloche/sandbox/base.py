@@ -94,9 +94,10 @@ class Sandbox(abc.ABC):
     def serving(self) -> None:  # noqa: B027  # optional hook
         """Called when a session takes the sandbox: from now on its cells are waited for."""
 
-    def background(self, behind: bool) -> None:  # noqa: B027  # optional hook
+    def background(self, behind: bool, *, busy: bool = False) -> None:  # noqa: B027
         """Put the sandbox behind the others for CPU (its cell has run long) or back level
-        with them."""
+        with them. busy (with behind): it is using the CPU too, so put it behind the host's
+        own processes as well, where the backend can. An optional hook."""
 
     def freeze(self) -> bool:
         """Stop every process of the sandbox until `thaw` (an idle one costs no CPU then);

@@ -252,6 +252,8 @@ class GVisorSandbox(Sandbox):
         self.platform: str | None = None  # runsc's unless set (a restore is always runsc's)
         self._cpu_group_lock = threading.Lock()  # a move behind against the release
         self._released = False
+        self._moved = False  # behind the host's processes (asked for: moves lag a little)
+        self._ever_moved = False  # then its CPU time is partly counted behind
 
     @property
     def disk(self) -> Path:
@@ -341,7 +343,7 @@ class GVisorSandbox(Sandbox):
     def cpu_seconds(self) -> float | None:
         used = cgroups.cpu_usage_s(self._cgroup)
         # Where cpuacct shares the cpu hierarchy, the time spent behind is counted there.
-        behind = cgroups.cpu_usage_s(self._behind) if self.backend.moves_behind else None
+        behind = cgroups.cpu_usage_s(self._behind) if self._ever_moved else None
         return used if behind is None or used is None else used + behind
 
     def checkpoint(
@@ -377,17 +379,20 @@ class GVisorSandbox(Sandbox):
         if self.backend.cgroups and not cgroups.set_cpu_shares(path, cgroups.SERVING_CPU_SHARES):
             log.warning("sandbox %s: no CPU weight to raise in cgroup %s", self.id, path)
 
-    def background(self, behind: bool) -> None:
-        """Lower the sandbox's weight among the others; and, where the machine allows, move
-        its processes, for the CPU alone, to the top-level behind group, so that it is behind
-        the host's processes too (see cgroups.BEHIND). The move happens in the backend's
-        mover thread."""
+    def background(self, behind: bool, *, busy: bool = False) -> None:
+        """Lower the sandbox's weight among the others; when it is busy too, and the machine
+        allows, move its processes, for the CPU alone, to the top-level behind group, so
+        that it is behind the host's processes as well (see cgroups.BEHIND). Level: both
+        undone. Moves happen in the backend's mover thread."""
         if self.backend.cgroups:
             shares = cgroups.BACKGROUND_CPU_SHARES if behind else cgroups.SERVING_CPU_SHARES
             cgroups.set_cpu_shares(self._cgroup, shares)
-        if self.backend.moves_behind:
-            with contextlib.suppress(RuntimeError):  # the server has shut down: no need
-                self.backend.cpu_mover.submit(self._move, behind)
+        if not self.backend.moves_behind or (behind and not busy) or behind == self._moved:
+            return
+        self._moved = behind
+        self._ever_moved = True
+        with contextlib.suppress(RuntimeError):  # the server has shut down: no need
+            self.backend.cpu_mover.submit(self._move, behind)
 
     def _move(self, behind: bool) -> None:
         with self._cpu_group_lock:

@@ -29,6 +29,11 @@ BUSY_SHARE = 0.10
 log = logging.getLogger("cloche.session")
 # Cells whose end is the user's business: logged at debug level (see `Session.execute`).
 _ROUTINE = frozenset({CellStatus.OK, CellStatus.ERROR})
+# A cell past its slice is looked at again this much later: if its sandbox used at least
+# half of that time on the CPU, it is put behind the host's processes as well (see
+# Sandbox.background). A cell that sleeps or waits (for an LLM, or a one-shot request's
+# `time.sleep`) is not: waking behind them, it would wait for every pool refill to end.
+BUSY_LOOK_S = 0.02
 
 
 class SessionState(enum.Enum):
@@ -267,13 +272,18 @@ class Session:
         kernel = self.kernel
         overran = False
         cpu_before = kernel.sandbox.cpu_seconds() if self.behind else None
+        look: asyncio.TimerHandle | None = None
 
         def go_behind() -> None:
-            nonlocal overran
+            nonlocal overran, look
             overran = True
             if not self.behind:
                 self.behind = True
                 kernel.sandbox.background(True)
+            used = kernel.sandbox.cpu_seconds()
+            if used is not None:
+                loop = asyncio.get_running_loop()
+                look = loop.call_later(BUSY_LOOK_S, self._behind_the_host_if_busy, kernel, used)
 
         asked = time.perf_counter()
         try:
@@ -283,12 +293,19 @@ class Session:
                     code, timeout_s=timeout_s, on_event=on_event, silent=silent
                 )
         finally:
+            if look is not None:
+                look.cancel()
             if self.behind and self._was_short(overran, cpu_before):
                 self.behind = False
                 if kernel.alive:
                     kernel.sandbox.background(False)
         result.queue_wait_s = waited_s
         return result
+
+    def _behind_the_host_if_busy(self, kernel: KernelClient, used_before: float) -> None:
+        used = kernel.sandbox.cpu_seconds()
+        if self.behind and used is not None and used - used_before >= BUSY_LOOK_S / 2:
+            kernel.sandbox.background(True, busy=True)
 
     def _was_short(self, overran: bool, cpu_before: float | None) -> bool:
         """Whether the cell just run was short: on the CPU, when it started behind and the
