@@ -85,3 +85,16 @@ def test_moving_a_sandbox_that_has_ended_is_harmless(cpu_root, sandbox):
     cgroups.remove(home)
     cgroups.bring_level(home, behind)  # its home is gone too
     assert not (cpu_root / home.strip("/")).exists()
+
+
+def test_a_home_taken_away_while_empty_is_made_again_on_the_way_back(cpu_root, sandbox):
+    """With all its processes behind, a sandbox's cpu cgroup is empty, and another server's
+    start (which removes empty cgroups under cloche/) may remove it."""
+    home, behind, process = sandbox
+    before = groups_of(process.pid)
+    assert cgroups.put_behind(home, behind)
+    (cpu_root / home.strip("/")).rmdir()
+
+    cgroups.bring_level(home, behind)
+    assert groups_of(process.pid) == before
+    assert (cpu_root / home.strip("/") / "cpu.cfs_quota_us").read_text() == "50000\n"

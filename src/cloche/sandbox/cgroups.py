@@ -114,12 +114,7 @@ def put_behind(home: str, behind: str) -> bool:
         top.mkdir(exist_ok=True)
         _lowest_priority(top)
         target.mkdir(parents=True, exist_ok=True)
-        source = root / home.strip("/")
-        for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us"):  # the quota's period first
-            try:
-                (target / name).write_text((source / name).read_text())
-            except OSError:
-                pass  # home is gone: the sandbox has ended, and nothing moves below
+        _copy_quota(root / home.strip("/"), target)
     _move_processes(root / home.strip("/"), target)
     return True
 
@@ -127,8 +122,23 @@ def put_behind(home: str, behind: str) -> bool:
 def bring_level(home: str, behind: str) -> None:
     """Move the processes put behind back to the cgroup at home."""
     root = cpu_only_hierarchy()
-    if root is not None:
-        _move_processes(root / behind.strip("/"), root / home.strip("/"))
+    if root is None:
+        return
+    source, target = root / behind.strip("/"), root / home.strip("/")
+    if not target.is_dir() and _read(source / "cgroup.procs").split():
+        # With all its processes behind, home was empty, and the start of another server
+        # beside this one (which removes empty cgroups under cloche/) took it away.
+        target.mkdir(parents=True, exist_ok=True)
+        _copy_quota(source, target)
+    _move_processes(source, target)
+
+
+def _copy_quota(source: Path, target: Path) -> None:
+    for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us"):  # the quota's period first
+        try:
+            (target / name).write_text((source / name).read_text())
+        except OSError:
+            pass  # the source is gone: its sandbox has ended, and nothing moves
 
 
 def _lowest_priority(group: Path) -> None:
