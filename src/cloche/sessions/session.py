@@ -29,11 +29,13 @@ BUSY_SHARE = 0.10
 log = logging.getLogger("cloche.session")
 # Cells whose end is the user's business: logged at debug level (see `Session.execute`).
 _ROUTINE = frozenset({CellStatus.OK, CellStatus.ERROR})
-# A cell past its slice is looked at again this much later: if its sandbox used at least
-# half of that time on the CPU, it is put behind the host's processes as well (see
+# A cell past its slice is looked at this much later, and then at twice the interval each
+# time, up to BUSY_LOOK_MAX_S, while it runs: once its sandbox used at least half of an
+# interval on the CPU, it is put behind the host's processes as well (see
 # Sandbox.background). A cell that sleeps or waits (for an LLM, or a one-shot request's
 # `time.sleep`) is not: waking behind them, it would wait for every pool refill to end.
 BUSY_LOOK_S = 0.02
+BUSY_LOOK_MAX_S = 1.0
 
 
 class SessionState(enum.Enum):
@@ -85,6 +87,7 @@ class Session:
         self.id = session_id
         self.gate = gate
         self.behind = False  # its sandbox runs behind the others: its cells run long
+        self._look: asyncio.TimerHandle | None = None  # at the CPU use of a cell running long
         self.profile = profile
         self.owner_key = owner_key
         self.kernel: KernelClient | None = None
@@ -272,18 +275,14 @@ class Session:
         kernel = self.kernel
         overran = False
         cpu_before = kernel.sandbox.cpu_seconds() if self.behind else None
-        look: asyncio.TimerHandle | None = None
 
         def go_behind() -> None:
-            nonlocal overran, look
+            nonlocal overran
             overran = True
             if not self.behind:
                 self.behind = True
                 kernel.sandbox.background(True)
-            used = kernel.sandbox.cpu_seconds()
-            if used is not None:
-                loop = asyncio.get_running_loop()
-                look = loop.call_later(BUSY_LOOK_S, self._behind_the_host_if_busy, kernel, used)
+            self._look_at_cpu(kernel, None, BUSY_LOOK_S)
 
         asked = time.perf_counter()
         try:
@@ -293,8 +292,9 @@ class Session:
                     code, timeout_s=timeout_s, on_event=on_event, silent=silent
                 )
         finally:
-            if look is not None:
-                look.cancel()
+            if self._look is not None:
+                self._look.cancel()
+                self._look = None
             if self.behind and self._was_short(overran, cpu_before):
                 self.behind = False
                 if kernel.alive:
@@ -302,10 +302,24 @@ class Session:
         result.queue_wait_s = waited_s
         return result
 
-    def _behind_the_host_if_busy(self, kernel: KernelClient, used_before: float) -> None:
+    def _look_at_cpu(
+        self, kernel: KernelClient, used_before: float | None, interval_s: float
+    ) -> None:
+        """While a cell past its slice runs: once its sandbox used at least half of the
+        interval since the last look on the CPU, put it behind the host's processes too;
+        else look again, after twice the interval (up to BUSY_LOOK_MAX_S)."""
+        self._look = None
         used = kernel.sandbox.cpu_seconds()
-        if self.behind and used is not None and used - used_before >= BUSY_LOOK_S / 2:
-            kernel.sandbox.background(True, busy=True)
+        if used is None or not self.behind:
+            return
+        if used_before is not None:
+            if used - used_before >= interval_s / 2:
+                kernel.sandbox.background(True, busy=True)
+                return
+            interval_s = min(interval_s * 2, BUSY_LOOK_MAX_S)
+        self._look = asyncio.get_running_loop().call_later(
+            interval_s, self._look_at_cpu, kernel, used, interval_s
+        )
 
     def _was_short(self, overran: bool, cpu_before: float | None) -> bool:
         """Whether the cell just run was short: on the CPU, when it started behind and the
