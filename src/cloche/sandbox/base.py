@@ -99,6 +99,10 @@ class Sandbox(abc.ABC):
         with them. busy (with behind): it is using the CPU too, so put it behind the host's
         own processes as well, where the backend can. An optional hook."""
 
+    def level_with_the_host(self) -> None:  # noqa: B027  # optional hook
+        """Undo the `busy` part of `background` (its weight among the sandboxes stays): a
+        cell being interrupted needs the CPU to stop within the grace."""
+
     def freeze(self) -> bool:
         """Stop every process of the sandbox until `thaw` (an idle one costs no CPU then);
         False when this backend can't."""

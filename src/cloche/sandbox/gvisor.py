@@ -394,6 +394,12 @@ class GVisorSandbox(Sandbox):
         with contextlib.suppress(RuntimeError):  # the server has shut down: no need
             self.backend.cpu_mover.submit(self._move, behind)
 
+    def level_with_the_host(self) -> None:
+        if self._moved:
+            self._moved = False
+            with contextlib.suppress(RuntimeError):  # the server has shut down: no need
+                self.backend.cpu_mover.submit(self._move, False)
+
     def _move(self, behind: bool) -> None:
         with self._cpu_group_lock:
             if self._released:

@@ -221,6 +221,11 @@ class KernelClient:
                 self._cell = None
         return cell.result
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the cell in flight has been told to stop (a timeout or an interrupt)."""
+        return self._cell is not None and self._cell.stage is not _Stage.RUNNING
+
     def interrupt(self) -> bool:
         """Interrupt the running cell, if any (escalating to a kill after the grace)."""
         cell = self._cell
@@ -251,6 +256,8 @@ class KernelClient:
             cell.timer.cancel()
         loop = asyncio.get_running_loop()
         cell.timer = loop.call_later(self.limits.interrupt_grace_s, self._on_deadline, cell)
+        # Behind the host's processes, a busy machine could starve the cell past the grace.
+        self.sandbox.level_with_the_host()
         loop.run_in_executor(None, self.sandbox.interrupt)
         if self.llm is not None:  # a call in flight is answered now, so the cell can stop
             self.llm.stop(cell, f"the cell was interrupted ({reason.value})", interrupted=True)

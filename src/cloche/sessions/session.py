@@ -310,8 +310,8 @@ class Session:
         else look again, after twice the interval (up to BUSY_LOOK_MAX_S)."""
         self._look = None
         used = kernel.sandbox.cpu_seconds()
-        if used is None or not self.behind:
-            return
+        if used is None or not self.behind or kernel.stopping:
+            return  # a cell told to stop stays level with the host (KernelClient._signal)
         if used_before is not None:
             if used - used_before >= interval_s / 2:
                 kernel.sandbox.background(True, busy=True)
