@@ -207,7 +207,11 @@ def test_a_server_killed_with_a_sandbox_behind_leaves_nothing_after_the_next_sta
 
     thread = threading.Thread(target=spin)
     thread.start()
-    wait_for(lambda: moved(killed.instance) != [])
+    try:
+        wait_for(lambda: moved(killed.instance) != [])
+    except BaseException:
+        killed.stop()  # not killed after all: it cleans up after itself
+        raise
     killed.stop(signal.SIGKILL)
     thread.join(60)
     assert lost, "the spinning cell's client saw its server go"
