@@ -387,18 +387,19 @@ class GVisorSandbox(Sandbox):
         if self.backend.cgroups:
             shares = cgroups.BACKGROUND_CPU_SHARES if behind else cgroups.SERVING_CPU_SHARES
             cgroups.set_cpu_shares(self._cgroup, shares)
-        if not self.backend.moves_behind or (behind and not busy) or behind == self._moved:
-            return
-        self._moved = behind
-        self._ever_moved = True
-        with contextlib.suppress(RuntimeError):  # the server has shut down: no need
-            self.backend.cpu_mover.submit(self._move, behind)
+        if self.backend.moves_behind and not (behind and not busy):
+            self._ask_move(behind)
 
     def level_with_the_host(self) -> None:
-        if self._moved:
-            self._moved = False
-            with contextlib.suppress(RuntimeError):  # the server has shut down: no need
-                self.backend.cpu_mover.submit(self._move, False)
+        self._ask_move(False)
+
+    def _ask_move(self, behind: bool) -> None:
+        if behind == self._moved:
+            return
+        self._moved = behind
+        self._ever_moved = self._ever_moved or behind
+        with contextlib.suppress(RuntimeError):  # the server has shut down: no need
+            self.backend.cpu_mover.submit(self._move, behind)
 
     def _move(self, behind: bool) -> None:
         with self._cpu_group_lock:
