@@ -192,6 +192,8 @@ class ServerProcess:
                 self.tcp_port, self.http_port = int(match[1]), int(match[2])
                 break
         else:
+            self.process.wait(60)
+            self.process.stderr.close()
             raise RuntimeError("server exited before listening:\n" + "".join(self.log))
         self._drain = threading.Thread(target=self._collect, daemon=True)
         self._drain.start()

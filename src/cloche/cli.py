@@ -318,6 +318,14 @@ def _add_serve(subparsers: Any) -> None:
         default=os.environ.get("CLOCHE_TOKEN_FILE") or None,
         help="file with one accepted token per line [env CLOCHE_TOKEN_FILE]",
     )
+    parser.add_argument(
+        "--cluster-insecure",
+        action="store_true",
+        default=_flag(os.environ.get("CLOCHE_CLUSTER_INSECURE", "no")),
+        help="join a Ray cluster (--cluster auto|HOST:PORT|ray://) that does not enforce "
+        "Ray's token authentication, with a warning at every start: anyone who reaches its "
+        "ports can run code on its machines [env CLOCHE_CLUSTER_INSECURE]",
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -389,6 +397,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         profiles_file=args.profiles,
         cluster=args.cluster,
         cluster_agent_port=args.cluster_agent_port,
+        cluster_insecure=args.cluster_insecure,
     )
 
 

@@ -145,3 +145,5 @@ class ServerConfig:
     # None: in this process
     cluster: str | None = None
     cluster_agent_port: int = 7100  # each node agent's data path (0: any free port)
+    # Join a Ray cluster that does not enforce token authentication (with a warning).
+    cluster_insecure: bool = False

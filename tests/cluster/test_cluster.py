@@ -132,8 +132,16 @@ def test_a_second_front_end_serves_the_same_sessions_and_tokens_hold(cluster) ->
         address = first.get("/v1/cluster").json()["ray_address"]
         made_first = new_session(first, "a = 'made on the first'")
         second_state = Path(cluster.state_dir).parent / "second-front-end"
+        (ray_token,) = Path(cluster.state_dir).glob("ray-token-*")  # the cluster's own
         second = ServerProcess(
-            second_state, "--cluster", address, "--token", ALPHA, "--token", BETA
+            second_state,
+            "--cluster",
+            address,
+            "--token",
+            ALPHA,
+            "--token",
+            BETA,
+            env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_token)},
         )
         try:
             with client(second) as other, client(second, BETA) as stranger:

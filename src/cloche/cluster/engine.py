@@ -17,11 +17,12 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cloche.cluster import ray_auth
 from cloche.cluster.agent import NodeAgent, NodeFigures
 from cloche.cluster.directory import Directory
 from cloche.config import MIB, ServerConfig
@@ -34,6 +35,7 @@ NODE_RESOURCE = "cloche_node"  # a Ray node with this resource runs a node agent
 DIRECTORY_NAME = "cloche-directory"
 AGENT_EXIT_S = 30.0  # a local cluster's node agents, to exit once Ray's processes are stopped
 LOCAL_OBJECT_STORE_BYTES = 128 * MIB  # per node of a local cluster (Ray's default: 30% of RAM)
+LOOPBACK = "127.0.0.1"  # every process of a local cluster listens here, and only here
 # Temp dirs of this process's local clusters that have ended. Ray's driver side makes an
 # ended cluster's (empty) session directory again while a later cluster of the same process
 # runs; each close, and the process's exit, removes them all again.
@@ -81,6 +83,7 @@ class Engine:
         self.directory: Any = None
         self._local: Any = None  # ray.cluster_utils.Cluster we started (local:N)
         self._temp: str | None = None
+        self._token: ray_auth.ClusterToken | None = None  # a local cluster's
         self._agent_class: Any = None
         self._nodes = 0  # of the local cluster
 
@@ -102,29 +105,50 @@ class Engine:
         ray = _ray()
         address: str = self.spec
         if self.spec.startswith("local:"):
-            address = self._start_local(self.spec.removeprefix("local:"))
+            try:
+                address = self._start_local(self.spec.removeprefix("local:"))
+            except BaseException:
+                self.close()
+                raise
         elif self.spec != "auto" and ":" not in self.spec:
             raise ConfigError(
                 f"--cluster must be local:N, auto, HOST:PORT or ray://HOST:PORT, not {self.spec!r}"
             )
         elif self.spec != "auto" and not self.spec.startswith("ray://"):
             _reachable(self.spec)  # Ray itself would wait minutes for a GCS that isn't there
+            self._check_token_required(lambda: ray_auth.requires_token(self.spec))
+            ray_auth.check_token(self.spec)  # Ray would retry for ~20 s, then say "can't"
         try:
-            ray.init(
-                address=address,
-                namespace=NAMESPACE,
-                logging_level=logging.WARNING,
-                log_to_driver=False,
-            )
+            with _driver_on(address):
+                ray.init(
+                    address=address,
+                    namespace=NAMESPACE,
+                    logging_level=logging.WARNING,
+                    log_to_driver=False,
+                )
         except ImportError as exc:  # ray:// needs Ray Client's gRPC
             self.close()
             raise ConfigError(
                 f"--cluster {address} needs Ray Client: pip install 'ray[client]==2.60.0' ({exc})"
             ) from exc
+        except ray.exceptions.AuthenticationError as exc:
+            self.close()
+            raise ConfigError(
+                f"the Ray cluster at {address} requires a token cloche was not given: "
+                f"{ray_auth.HOW_TO_GIVE} ({exc})"
+            ) from exc
         except (ConnectionError, RuntimeError, ValueError) as exc:
             self.close()
-            raise ConfigError(f"can't join the Ray cluster at {address}: {exc}") from exc
+            raise ConfigError(
+                f"can't join the Ray cluster at {address}: {exc} (if it requires a token: "
+                f"{ray_auth.HOW_TO_GIVE})"
+            ) from exc
         self.address = ray.get_runtime_context().gcs_address
+        if self.spec == "auto":
+            self._check_token_required(lambda: ray_auth.requires_token(self.address))
+        elif self.spec.startswith("ray://"):  # its GCS may be out of our reach: ask inside
+            probe = ray.remote(num_cpus=0)(ray_auth.requires_token)
+            self._check_token_required(lambda: bool(ray.get(probe.remote(self.address))))
         self._agent_class = ray.remote(NodeAgent)
         head = _head_affinity(ray)
         self.directory = (
@@ -139,6 +163,26 @@ class Engine:
             .remote()
         )
 
+    def _check_token_required(self, ask: Callable[[], bool]) -> None:
+        """Refuse (or, told --cluster-insecure, warn about) a cluster anyone may run code on;
+        ask() says whether it requires a token."""
+        try:
+            required = ask()
+        except ConfigError:
+            self.close()
+            raise
+        if required:
+            log.info("the Ray cluster at %s requires token authentication", self.spec)
+            return
+        if not self.config.cluster_insecure:
+            self.close()
+            raise ray_auth.refuse_open_cluster(self.spec)
+        log.warning(
+            "--cluster-insecure: the Ray cluster at %s does not enforce token authentication;"
+            " anyone who can reach its ports can run code on its machines",
+            self.spec,
+        )
+
     def _start_local(self, count: str) -> str:
         from ray.cluster_utils import Cluster
 
@@ -151,14 +195,22 @@ class Engine:
         # Ray keeps its sockets and logs under RAY_TMPDIR (paths must stay short); ours alone.
         self._temp = tempfile.mkdtemp(prefix="cloche-ray-", dir="/tmp")
         os.environ["RAY_TMPDIR"] = self._temp
+        # Only holders of this cluster's token may speak to it; its processes get it too.
+        self._token = ray_auth.ClusterToken(self.config.state_dir)
+        self._token.use()
         node = {
             "num_cpus": 0,
             "resources": {NODE_RESOURCE: 1},
             "object_store_memory": LOCAL_OBJECT_STORE_BYTES,
+            "node_ip_address": LOOPBACK,  # so Ray's servers bind loopback, not every address
         }
         self._local = Cluster(
             initialize_head=True,
-            head_node_args={**node, "_system_config": LOCAL_SYSTEM_CONFIG},
+            head_node_args={
+                **node,
+                "_system_config": LOCAL_SYSTEM_CONFIG,
+                "include_dashboard": False,  # cloche asks the GCS; no web port to guard
+            },
             shutdown_at_exit=False,
         )
         self._nodes = nodes
@@ -236,6 +288,9 @@ class Engine:
             _wait_gone([*agent_pids, *_processes_naming(self._temp)], AGENT_EXIT_S)
             self.sweep()
             self._local = None
+        if self._token is not None:
+            self._token.forget()
+            self._token = None
         if self._temp is not None:
             _ENDED_TEMPS.add(self._temp)
             _remove_ended_temps()
@@ -257,6 +312,28 @@ def _head_affinity(ray: Any) -> Any:
         if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
             return NodeAffinitySchedulingStrategy(node["NodeID"], soft=True)
     return "DEFAULT"
+
+
+@contextlib.contextmanager
+def _driver_on(address: str) -> Iterator[None]:
+    """While joining a cluster at a loopback address, keep this driver on loopback too.
+
+    Ray's driver swaps a loopback address (the cluster's, and its own) for the machine's
+    external one, where a loopback-only cluster doesn't listen; it does not when told that
+    this machine runs no multi-node cluster.
+    """
+    from ray._private import ray_constants
+
+    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        yield
+        return
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _reachable(address: str) -> None:
