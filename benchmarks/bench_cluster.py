@@ -17,6 +17,9 @@ server: its aggregate can only show the cost of the extra hop, not a gain). Meas
 4. Aggregate cells/s with --busy sessions, each a client looping `i += 1` for --seconds.
 5. Node failure: kill -9 one node agent holding sessions; the time until a request to one
    of its sessions is answered "lost" (410), and until GET /v1/cluster says dead.
+6. Ray's token authentication (issue 23): a second local cluster started with
+   --cluster-insecure (no token) beside the default one (token), in the same run: warm cell
+   and new session on each, alternating batches as in 2.
 
 The machine is shared: the load average is noted at the start and the end. Results go to
 OUT/cluster.json (every sample) and OUT/cluster.md.
@@ -81,9 +84,9 @@ class Cells:
         self.writer.close()
 
 
-async def warm_cells(single: Serve, cluster: Serve, count: int) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {"single": [], "cluster": []}
-    clients = {"single": Cells(single.tcp_port), "cluster": Cells(cluster.tcp_port)}
+async def warm_cells(servers: dict[str, Serve], count: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in servers}
+    clients = {name: Cells(server.tcp_port) for name, server in servers.items()}
     for client in clients.values():
         await client.open()
         for _ in range(20):  # warm up: the session made, the paths hot
@@ -189,6 +192,35 @@ def node_failure(cluster: Serve, sessions: int) -> dict[str, float]:
         }
 
 
+def token_against_none(base: Path, args: argparse.Namespace, common: list[str]) -> dict[str, Any]:
+    """Warm cells and new sessions on a local cluster with Ray's token auth (the default)
+    and one without (--cluster-insecure), side by side."""
+    found: dict[str, Any] = {}
+    nodes = ("--cluster", f"local:{args.nodes}")
+    with (
+        serving(base / "token", *nodes, *common, "--data-dir", str(base / "token-data")) as token,
+        serving(
+            base / "none",
+            *nodes,
+            "--cluster-insecure",
+            *common,
+            "--data-dir",
+            str(base / "none-data"),
+        ) as none,
+    ):
+        servers = {"token": token, "no token": none}
+        found["warm_ms"] = asyncio.run(warm_cells(servers, args.cells))
+        found["create_ms"] = {
+            name: new_sessions(server, args.creates, cluster=True)
+            for name, server in servers.items()
+        }
+    for name in servers:
+        print(f"{name}: warm cell p50 {statistics.median(found['warm_ms'][name]):.3f} ms, "
+              f"new session p50 {statistics.median(found['create_ms'][name]):.1f} ms",
+              flush=True)  # fmt: skip
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=3)
@@ -212,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["cluster_start_s"] = time.monotonic() - started
                 print(f"cluster of {args.nodes} nodes listening after "
                       f"{results['cluster_start_s']:.1f} s", flush=True)  # fmt: skip
-                warm = asyncio.run(warm_cells(single, cluster, args.cells))
+                warm = asyncio.run(warm_cells({"single": single, "cluster": cluster}, args.cells))
                 results["warm_ms"] = warm
                 for name, samples in warm.items():
                     print(f"warm cell {name}: p50 {statistics.median(samples):.3f} ms "
@@ -231,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)  # fmt: skip
                 results["failure"] = node_failure(cluster, 6)
                 print(f"node failure: {results['failure']}", flush=True)
+            results["auth"] = token_against_none(base, args, common)
     results["load_end"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cluster.json").write_text(json.dumps(results, indent=1))
@@ -274,12 +307,23 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     ]  # fmt: skip
     table = "\n".join("| " + " | ".join(row) + " |" for row in rows)
     load = results["load_start"][0], results["load_end"][0]
+    auth = results["auth"]
+    auth_rows = "\n".join(
+        f"| {name} | {statistics.median(auth['warm_ms'][name]):.3f} ms | "
+        f"{percentile(auth['warm_ms'][name], 0.99):.3f} ms | "
+        f"{statistics.median(auth['create_ms'][name]):.1f} ms |"
+        for name in ("token", "no token")
+    )
     return (
         f"# Cluster mode against one machine\n\n{command}, one run; load average "
         f"{load[0]:.1f} at the start, {load[1]:.1f} at the end; {os.cpu_count()} cores, both "
         f"servers on this machine (the cluster's {args.nodes} nodes share its cores).\n\n"
         f"| measure | single server | cluster ({args.nodes} local nodes) | target | verdict |\n"
-        f"|---|---|---|---|---|\n{table}\n"
+        f"|---|---|---|---|---|\n{table}\n\n"
+        f"Ray's token authentication: two more local clusters of {args.nodes} nodes, the default"
+        f" (a token) and --cluster-insecure (none), in the same run:\n\n"
+        f"| cluster | warm cell p50 | warm cell p99 | new session p50 |\n|---|---|---|---|\n"
+        f"{auth_rows}\n"
     )
 
 

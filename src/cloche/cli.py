@@ -323,8 +323,9 @@ def _add_serve(subparsers: Any) -> None:
         action="store_true",
         default=_flag(os.environ.get("CLOCHE_CLUSTER_INSECURE", "no")),
         help="join a Ray cluster (--cluster auto|HOST:PORT|ray://) that does not enforce "
-        "Ray's token authentication, with a warning at every start: anyone who reaches its "
-        "ports can run code on its machines [env CLOCHE_CLUSTER_INSECURE]",
+        "Ray's token authentication, or start local:N without it, with a warning at every "
+        "start: anyone who reaches its ports can run code on its machines "
+        "[env CLOCHE_CLUSTER_INSECURE]",
     )
     parser.set_defaults(handler=_serve)
 

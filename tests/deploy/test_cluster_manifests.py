@@ -272,6 +272,17 @@ def test_only_the_head_reaches_a_worker_s_agent_port(manifests, ray_cluster) -> 
     )
 
 
+def test_ray_requires_its_token_in_every_pod(ray_cluster, head, worker) -> None:
+    """KubeRay makes the token's Secret and gives every Ray container RAY_AUTH_MODE=token and
+    the token; the front end, in the head's container, joins with them (it refuses a cluster
+    that lets callers without a token in). Nothing here may turn that off."""
+    assert ray_cluster["spec"]["authOptions"] == {"mode": "token"}
+    for group in (head, worker):
+        names = {item["name"] for item in container(group).get("env", [])}
+        assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "CLOCHE_CLUSTER_INSECURE"}
+        assert "--cluster-insecure" not in " ".join(container(group)["args"])
+
+
 def test_clients_reach_only_the_front_end_s_ports_on_the_head(manifests, ray_cluster) -> None:
     name = ray_cluster["metadata"]["name"]
     policy = one(manifests, "NetworkPolicy", "cloche-head")["spec"]

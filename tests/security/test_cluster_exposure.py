@@ -92,6 +92,9 @@ def cluster_view(server: ServerProcess) -> dict[str, object]:
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_local_cluster_listens_only_on_loopback(cluster: ServerProcess) -> None:
+    """Look for a listening socket of `cloche serve --cluster local:2` (Ray's GCS, raylets,
+    workers and agents, the node agents' data path) on an address other machines reach.
+    Outcome: every one is bound to 127.0.0.1; the dashboard is not started."""
     found = listeners(cluster.process.pid)
     names = {name for _, _, name in found}
     # Every kind of process of the cluster was seen: Ray's GCS and raylets, the node agents.
@@ -112,6 +115,10 @@ def test_local_cluster_listens_only_on_loopback(cluster: ServerProcess) -> None:
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_cant_run_code_through_ray_from_outside(cluster: ServerProcess, tmp_path: Path) -> None:
+    """From another process of the host with a clean environment, join the local cluster's
+    Ray (its GCS address) as a driver and run a function there. Outcome: refused, the token
+    missing; the same driver given the cluster's token (a 0600 file in the state dir) runs it,
+    so the token is what decides; the token is in no log line."""
     gcs = str(cluster_view(cluster)["ray_address"])
     refused = outside(gcs, {"HOME": str(tmp_path)})
     assert refused.startswith("refused:"), refused
@@ -128,7 +135,8 @@ def test_cant_run_code_through_ray_from_outside(cluster: ServerProcess, tmp_path
 
 
 def test_server_listens_only_on_its_two_ports(tmp_path: Path) -> None:
-    """With default settings: TCP and HTTP on 127.0.0.1 (README), nothing else anywhere."""
+    """List every listening socket of `cloche serve` with default settings and its children
+    (sandboxes included). Outcome: the TCP and HTTP ports on 127.0.0.1, nothing else."""
     require_gvisor()
     server = ServerProcess(tmp_path / "state")
     try:

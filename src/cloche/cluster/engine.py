@@ -196,8 +196,15 @@ class Engine:
         self._temp = tempfile.mkdtemp(prefix="cloche-ray-", dir="/tmp")
         os.environ["RAY_TMPDIR"] = self._temp
         # Only holders of this cluster's token may speak to it; its processes get it too.
-        self._token = ray_auth.ClusterToken(self.config.state_dir)
-        self._token.use()
+        if self.config.cluster_insecure:
+            log.warning(
+                "--cluster-insecure: the local Ray cluster starts without token "
+                "authentication; any process of this machine can run code through it as %s",
+                "root" if os.geteuid() == 0 else "this user",
+            )
+        else:
+            self._token = ray_auth.ClusterToken(self.config.state_dir)
+            self._token.use()
         node = {
             "num_cpus": 0,
             "resources": {NODE_RESOURCE: 1},
