@@ -17,9 +17,9 @@ server: its aggregate can only show the cost of the extra hop, not a gain). Meas
 4. Aggregate cells/s with --busy sessions, each a client looping `i += 1` for --seconds.
 5. Node failure: kill -9 one node agent holding sessions; the time until a request to one
    of its sessions is answered "lost" (410), and until GET /v1/cluster says dead.
-6. Ray's token authentication (issue 23): a second local cluster started with
-   --cluster-insecure (no token) beside the default one (token), in the same run: warm cell
-   and new session on each, alternating batches as in 2.
+6. Ray's token authentication (issue 23): two more local clusters, the default (token)
+   and --cluster-insecure (none), side by side: warm cell and new session on each,
+   alternating batches as in 2. `--auth-only` runs this part alone (cluster-auth.md).
 
 The machine is shared: the load average is noted at the start and the end. Results go to
 OUT/cluster.json (every sample) and OUT/cluster.md.
@@ -229,10 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--auth-only", action="store_true", help="only 6: token against none")
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
     results: dict[str, Any] = {"nodes": args.nodes, "load_start": load_start}
     common = ["--pool-size", "2", "--data-pool-size", "0", "--max-sessions", "200"]
+    if args.auth_only:
+        with scratch_dir() as base:
+            results["auth"] = token_against_none(base, args, common)
+        results["load_end"] = os.getloadavg()
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "cluster-auth.json").write_text(json.dumps(results, indent=1))
+        text = auth_report(results, args)
+        (args.out / "cluster-auth.md").write_text(text)
+        print(text)
+        return 0
     with scratch_dir() as base:
         single_args = [*common, "--data-dir", str(base / "single-data")]
         cluster_args = [*common, "--data-dir", str(base / "cluster-data")]
@@ -307,23 +318,41 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     ]  # fmt: skip
     table = "\n".join("| " + " | ".join(row) + " |" for row in rows)
     load = results["load_start"][0], results["load_end"][0]
-    auth = results["auth"]
-    auth_rows = "\n".join(
-        f"| {name} | {statistics.median(auth['warm_ms'][name]):.3f} ms | "
-        f"{percentile(auth['warm_ms'][name], 0.99):.3f} ms | "
-        f"{statistics.median(auth['create_ms'][name]):.1f} ms |"
-        for name in ("token", "no token")
-    )
     return (
         f"# Cluster mode against one machine\n\n{command}, one run; load average "
         f"{load[0]:.1f} at the start, {load[1]:.1f} at the end; {os.cpu_count()} cores, both "
         f"servers on this machine (the cluster's {args.nodes} nodes share its cores).\n\n"
         f"| measure | single server | cluster ({args.nodes} local nodes) | target | verdict |\n"
-        f"|---|---|---|---|---|\n{table}\n\n"
-        f"Ray's token authentication: two more local clusters of {args.nodes} nodes, the default"
-        f" (a token) and --cluster-insecure (none), in the same run:\n\n"
-        f"| cluster | warm cell p50 | warm cell p99 | new session p50 |\n|---|---|---|---|\n"
-        f"{auth_rows}\n"
+        f"|---|---|---|---|---|\n{table}\n\n{auth_table(results, args)}"
+    )
+
+
+def auth_table(results: dict[str, Any], args: argparse.Namespace) -> str:
+    auth = results["auth"]
+    rows = "\n".join(
+        f"| {name} | {statistics.median(auth['warm_ms'][name]):.3f} ms | "
+        f"{percentile(auth['warm_ms'][name], 0.99):.3f} ms | "
+        f"{statistics.median(auth['create_ms'][name]):.1f} ms |"
+        for name in ("token", "no token")
+    )
+    ratio = statistics.median(auth["warm_ms"]["token"]) / statistics.median(
+        auth["warm_ms"]["no token"]
+    )
+    return (
+        f"Ray's token authentication: two local clusters of {args.nodes} nodes side by side, "
+        f"the default (a token) and --cluster-insecure (none), cells in alternating batches:"
+        f"\n\n| cluster | warm cell p50 | warm cell p99 | new session p50 |\n"
+        f"|---|---|---|---|\n{rows}\n\nwarm cell p50, token / none: {ratio:.3f}x\n"
+    )
+
+
+def auth_report(results: dict[str, Any], args: argparse.Namespace) -> str:
+    load = results["load_start"][0], results["load_end"][0]
+    return (
+        f"# Ray's token authentication on a local cluster\n\n`.venv/bin/python "
+        f"benchmarks/bench_cluster.py --auth-only --nodes {args.nodes} --cells {args.cells} "
+        f"--creates {args.creates}`, one run; load average {load[0]:.1f} at the start, "
+        f"{load[1]:.1f} at the end.\n\n{auth_table(results, args)}"
     )
 
 

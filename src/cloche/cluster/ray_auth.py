@@ -90,7 +90,7 @@ def _reload() -> None:
     core.AuthenticationTokenLoader.instance().reset_cache()  # type: ignore[attr-defined]
 
 
-def requires_token(gcs_address: str) -> bool:
+def requires_token(gcs_address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether the Ray cluster whose GCS is at gcs_address turns away a caller without a
     token: asked by a clean process with no token of any kind (blocking, ~0.5 s).
 
@@ -99,13 +99,13 @@ def requires_token(gcs_address: str) -> bool:
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env[MODE] = "disabled"  # so no token is sent, not even ~/.ray/auth_token
-    return _ask(gcs_address, env) == "refused"
+    return _ask(gcs_address, env, timeout_s) == "refused"
 
 
 def check_token(gcs_address: str) -> None:
     """Raises ConfigError, naming what to give, unless the cluster at gcs_address takes the
     token this process was given (asked as Ray would: ray.init itself retries for ~20 s)."""
-    if _ask(gcs_address, dict(os.environ)) == "refused":
+    if _ask(gcs_address, dict(os.environ), PROBE_TIMEOUT_S) == "refused":
         given = os.environ.get(MODE, "") == "token"
         raise ConfigError(
             f"the Ray cluster at {gcs_address} requires a token "
@@ -118,7 +118,7 @@ def check_token(gcs_address: str) -> None:
         )
 
 
-def _ask(gcs_address: str, env: dict[str, str]) -> str:
+def _ask(gcs_address: str, env: dict[str, str], timeout_s: float) -> str:
     """ "open" or "refused": what the GCS answers a process with this environment."""
     try:
         found = subprocess.run(
@@ -126,7 +126,7 @@ def _ask(gcs_address: str, env: dict[str, str]) -> str:
             capture_output=True,
             text=True,
             env=env,
-            timeout=PROBE_TIMEOUT_S,
+            timeout=timeout_s,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
