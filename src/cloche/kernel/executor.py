@@ -4,26 +4,35 @@ The last statement, when it is an expression, is evaluated on its own and its va
 becomes the cell's result (as the interactive interpreter echoes it). Tracebacks show the
 user's code under `<cell-N>` names and never the kernel's own frames.
 
+A cell may use IPython's syntax (`!ls`, `%cd`, `%%bash`, `obj?`): it is translated line by
+line before it is compiled (see `ipython.py`), and its source as written is what tracebacks
+show. The shell that runs those lines is `get_ipython()` in the namespace.
+
 A cell's source stays in `linecache` (for tracebacks and `inspect`) only while something
 can still run its code: a cell that defines functions, classes, lambdas or comprehensions
 keeps it for the session's life, a cell of plain statements gives it up once its reply is
 out. Otherwise a session running a million `i += 1` cells would hold a million sources
-(~350 bytes each), and its memory limit would end it.
+(~350 bytes each), and its memory limit would end it. For the same reason `%history` keeps
+only the latest cells, within `HISTORY_CHARS`.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
+import collections
 import linecache
 import os
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .ipython import compile_cell
+from .shell import Shell
+
 _KERNEL_DIR = os.path.dirname(os.path.abspath(__file__))
+HISTORY_CHARS = 1 << 20  # of cell sources kept for %history (the latest cells)
 
 
 @dataclass
@@ -35,19 +44,40 @@ class Outcome:
     exception: BaseException | None = None
 
 
+class History:
+    """The latest cells' sources as written, by execution count, within a size."""
+
+    def __init__(self, max_chars: int = HISTORY_CHARS) -> None:
+        self.max_chars = max_chars
+        self._cells: collections.deque[tuple[int, str]] = collections.deque()
+        self._chars = 0
+
+    def add(self, number: int, source: str) -> None:
+        self._cells.append((number, source))
+        self._chars += len(source)
+        while self._chars > self.max_chars and len(self._cells) > 1:
+            self._chars -= len(self._cells.popleft()[1])
+
+    def cells(self) -> Iterator[tuple[int, str]]:
+        return iter(list(self._cells))
+
+
 class Executor:
     """Compiles and runs cells in one persistent namespace."""
 
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.execution_count = 0
+        self.history = History()
+        self.shell = Shell(self.namespace, self.history)  # get_ipython(), in the namespace
         self._passing_source: str | None = None  # the linecache entry `end_cell` drops
 
     def run(self, source: str, in_cell: Callable[[bool], None], *, silent: bool = False) -> Outcome:
         """Run one cell. `in_cell(True)` is called right before user code runs, and
         `in_cell(False)` right after, so that interrupts land only inside the cell.
 
-        A silent cell runs in a throwaway namespace and is not counted.
+        A silent cell runs in a throwaway namespace and is not counted; of IPython's
+        syntax it may use only `%pip`.
         """
         self._passing_source = None
         if silent:
@@ -55,20 +85,17 @@ class Executor:
         else:
             self.execution_count += 1
             filename = f"<cell-{self.execution_count}>"
-            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            linecache.cache[filename] = (len(source), None, _lines(source), filename)
+            self.history.add(self.execution_count, source)
         try:
-            tree = ast.parse(source, filename=filename, mode="exec")
-            last: ast.Expression | None = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body[-1].value)
-                del tree.body[-1]
-            body = compile(tree, filename, "exec", dont_inherit=True)
-            tail = compile(last, filename, "eval", dont_inherit=True) if last else None
+            body, tail, translated = compile_cell(source, filename, ipython=not silent)
         except BaseException as exc:  # SyntaxError, ValueError (null bytes), RecursionError...
             if not silent:
                 self._passing_source = filename
             return Outcome(exception=exc)
-        if not silent and not _makes_code(body) and not (tail and _makes_code(tail)):
+        # A translated cell keeps its source: `%%time` and `%run` make code at run time.
+        makes_code = translated or _makes_code(body) or (tail is not None and _makes_code(tail))
+        if not silent and not makes_code:
             self._passing_source = filename
         namespace = {"__name__": "__preload__"} if silent else self.namespace
         try:
@@ -90,6 +117,15 @@ class Executor:
         if self._passing_source is not None:
             linecache.cache.pop(self._passing_source, None)
             self._passing_source = None
+
+
+def _lines(source: str) -> list[str]:
+    """The source's lines for linecache, each ending with a newline (as a file's would: on
+    a last line without one, Python 3.11 puts a traceback's carets a column off)."""
+    lines = source.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    return lines
 
 
 def _makes_code(code: types.CodeType) -> bool:

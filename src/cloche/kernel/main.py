@@ -9,7 +9,6 @@ from __future__ import annotations
 import _sitebuiltins
 import builtins
 import json
-import linecache
 import math
 import os
 import signal
@@ -22,7 +21,7 @@ from .display import as_json, mime_bundle
 from .executor import Executor, format_error
 from .figures import FigureCapture
 from .llm import Bridge
-from .pip import Pip, transform
+from .pip import Pip
 
 
 class Kernel:
@@ -82,11 +81,7 @@ class Kernel:
         self.output_limit = output_limit
         self.capture.begin_cell(output_limit)
         started = time.perf_counter()
-        runnable = transform(code)
-        outcome = self.executor.run(runnable, self._set_in_cell, silent=silent)
-        if runnable is not code and not silent:  # tracebacks show the line as written
-            name = f"<cell-{self.executor.execution_count}>"
-            linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+        outcome = self.executor.run(code, self._set_in_cell, silent=silent)
         try:
             self.figures.flush()  # after a preload, this takes over pyplot.show()
         except BaseException:  # noqa: S110  # rendering is best effort
