@@ -34,6 +34,9 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 OutputCallback = Callable[[str], Any]  # called with each chunk of stdout or stderr
 DisplayCallback = Callable[[Result], Any]  # called with each display()ed bundle or figure
+# Called with (prompt, password) when the cell calls input() or getpass(); returns the line
+# (a str, or an awaitable of one).
+InputCallback = Callable[[str, bool], Any]
 FileData = bytes | str  # str is written as UTF-8
 RLM_TIMEOUT_S = 3600.0  # how long session.rlm() waits for its answer, by default
 
@@ -377,6 +380,7 @@ class AsyncSession:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         on_display: DisplayCallback | None = None,
+        on_input: InputCallback | None = None,
     ) -> Execution:
         """Run a cell; its outcome, including any exception the code raised.
 
@@ -391,6 +395,10 @@ class AsyncSession:
             on_stdout: called with each chunk written to stdout.
             on_stderr: called with each chunk written to stderr.
             on_display: called with each `display()`ed object or matplotlib figure.
+            on_input: called with (prompt, password) when the cell calls input() or
+                getpass(); what it returns is the line the cell gets. Without it, input()
+                raises StdinNotImplementedError in the cell. The cell's time limit runs on
+                while it waits.
 
         Returns:
             The Execution: results, logs, error, status, duration_ms, ...
@@ -403,6 +411,8 @@ class AsyncSession:
         body: dict[str, Any] = {"code": code}
         if timeout is not None:
             body["timeout"] = timeout
+        if on_input is not None:
+            body["allow_stdin"] = True
         wait_s = (timeout or self.info.cell_timeout_s) + ANSWER_MARGIN_S
         error: dict[str, Any] | None = None
         done: dict[str, Any] | None = None
@@ -426,6 +436,8 @@ class AsyncSession:
                     await _call(on_stderr, data["text"])
                 elif event == "display":
                     await _call(on_display, Result(dict(data)))
+                elif event == "input_request" and on_input is not None:
+                    await self._answer(on_input, str(data["prompt"]), data["password"] is True)
                 elif event == "error":
                     error = data  # the code's exception, or why the server could not run it
                 elif event == "done" and data is not None:
@@ -438,6 +450,15 @@ class AsyncSession:
             f"the answer to a cell of session {self.id} ended before the cell did; "
             f"the server at {self.client.url} may have stopped"
         )
+
+    async def _answer(self, on_input: InputCallback, prompt: str, password: bool) -> None:
+        value = on_input(prompt, password)
+        if inspect.isawaitable(value):
+            value = await value
+        # A 409 (no input() waits any more: the cell was interrupted or timed out meanwhile)
+        # changes nothing here: the cell's own end, in the stream, says what happened.
+        async with translated(self.client.url, self.client.timeout_s):
+            await self.client._http.post(f"{self._path}/input", json={"value": str(value)})
 
     async def upload(self, path: str, data: FileData) -> None:
         """Write a file in the working directory (directories on the way are made).

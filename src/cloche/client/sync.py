@@ -27,6 +27,7 @@ from cloche.client.aio import (
     DisplayCallback,
     FileData,
     FileInfo,
+    InputCallback,
     OutputCallback,
     SessionInfo,
     SnapshotInfo,
@@ -200,6 +201,7 @@ class Session:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         on_display: DisplayCallback | None = None,
+        on_input: InputCallback | None = None,
     ) -> Execution:
         """Run a cell; see `AsyncSession.run`.
 
@@ -214,6 +216,7 @@ class Session:
                 on_stdout=on_stdout,
                 on_stderr=on_stderr,
                 on_display=on_display,
+                on_input=on_input,
             )
         )
         try:

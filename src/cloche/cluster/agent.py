@@ -179,6 +179,7 @@ class NodeAgent:
         track_files: bool,
         silent: bool,
         stream: bool,
+        stdin: bool = False,
     ) -> Any:
         result = await self.manager.execute(
             session_id,
@@ -188,6 +189,7 @@ class NodeAgent:
             on_event=on_event if stream else None,
             track_files=track_files,
             silent=silent,
+            stdin=stdin,
         )
         return codec.result_out(result)
 
@@ -195,6 +197,11 @@ class NodeAgent:
         self, on_event: EventCallback, session_id: str, owner: str | None
     ) -> Any:
         return await self.manager.interrupt(session_id, owner)
+
+    async def _op_answer_input(
+        self, on_event: EventCallback, session_id: str, owner: str | None, value: str
+    ) -> Any:
+        return await self.manager.answer_input(session_id, value, owner)
 
     async def _op_close(
         self, on_event: EventCallback, session_id: str, owner: str | None, reason: str

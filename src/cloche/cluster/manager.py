@@ -395,6 +395,7 @@ class ClusterSessionManager(SessionManager):
         on_event: EventCallback | None = None,
         track_files: bool = False,
         silent: bool = False,
+        stdin: bool = False,
     ) -> CellResult:
         raw = await self._call(
             session_id,
@@ -405,6 +406,7 @@ class ClusterSessionManager(SessionManager):
                 "timeout_s": timeout_s,
                 "track_files": track_files,
                 "silent": silent,
+                "stdin": stdin,
                 "stream": on_event is not None,
             },
             on_event,
@@ -414,6 +416,12 @@ class ClusterSessionManager(SessionManager):
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         interrupted: bool = await self._call(session_id, "interrupt", {"owner": owner})
         return interrupted
+
+    async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
+        answered: bool = await self._call(
+            session_id, "answer_input", {"owner": owner, "value": value}
+        )
+        return answered
 
     async def close(
         self, session_id: str, owner: str | None = None, reason: str = "closed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import getpass
 import os
 import sys
 from collections.abc import Callable
@@ -99,6 +100,13 @@ def describe(result: Result) -> str:
     if images:
         return f"{text} [{images}]".strip()
     return text or f"<{', '.join(result.formats)}>"
+
+
+def ask_person(prompt: str, password: bool) -> str:
+    """The answer to a cell's input() or getpass(), from the person at this terminal."""
+    if password:
+        return getpass.getpass(prompt)
+    return input(prompt)
 
 
 def show_display(result: Result) -> None:

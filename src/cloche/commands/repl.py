@@ -21,6 +21,7 @@ from cloche import __version__
 from cloche.client.sync import Session
 from cloche.commands.common import (
     add_connection_options,
+    ask_person,
     client_of,
     reports_errors,
     show_display,
@@ -88,6 +89,7 @@ class Console(code.InteractiveConsole):
                 on_stdout=writer(sys.stdout),
                 on_stderr=writer(sys.stderr),
                 on_display=show_display,
+                on_input=ask_person,
             )
         except SessionNotFound:
             raise

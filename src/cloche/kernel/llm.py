@@ -31,7 +31,7 @@ from .channel import Channel
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _ENVELOPE_BYTES = 2048  # a request without its prompts (id, model, keys), at most
 _MAX_MODEL_CHARS = 200
-_REPLIES = ("llm_reply", "pip_reply")  # ops of the host's answers to requests of a cell
+_REPLIES = ("llm_reply", "pip_reply", "input_reply")  # the host's answers to a cell's asks
 
 
 class LLMError(Exception):

@@ -22,6 +22,7 @@ from .executor import Executor, format_error
 from .figures import FigureCapture
 from .llm import Bridge
 from .pip import Pip
+from .stdin import Prompter
 
 
 class Kernel:
@@ -36,6 +37,8 @@ class Kernel:
         self.figures = FigureCapture(self._send_display)
         self.llm = Bridge(channel, self.executor.namespace)  # llm_query, once installed
         self.pip = Pip(self.llm)  # `%pip install`, through the same reader of the channel
+        self.prompter = Prompter(self.llm)  # input() and getpass(), likewise
+        self.prompter.install()
         signal.signal(signal.SIGINT, self._on_sigint)
         builtins.display = self.display  # type: ignore[attr-defined]
         # What `site` would add (the kernel runs with -S): exit(), quit(), help().
@@ -66,6 +69,7 @@ class Kernel:
         self.channel.send({"op": "ready", "pid": os.getpid()})
         while (message := self.channel.recv()) is not None:
             if message.get("op") == "exec":
+                self.prompter.allowed = message.get("stdin") is True
                 self.execute(
                     str(message.get("code", "")),
                     int(message.get("output_limit", 1 << 20)),

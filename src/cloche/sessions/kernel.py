@@ -51,6 +51,9 @@ AFTER_RESTORE = (
 )
 
 
+_INPUT_KEYS = frozenset({"op", "id", "prompt", "password"})
+
+
 class _Stage(enum.Enum):
     RUNNING = "running"
     INTERRUPTING = "interrupting"  # SIGINT sent; waiting for the grace period
@@ -60,7 +63,13 @@ class _Stage(enum.Enum):
 class _Cell:
     """The cell in flight and what has arrived for it."""
 
-    def __init__(self, timeout_s: float, limit_chars: int, on_event: EventCallback | None) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        limit_chars: int,
+        on_event: EventCallback | None,
+        stdin: bool = False,
+    ) -> None:
         self.timeout_s = timeout_s
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.result = CellResult()
@@ -72,6 +81,8 @@ class _Cell:
         self.reason: CellStatus | None = None  # TIMEOUT or INTERRUPTED once signalled
         self.timer: asyncio.TimerHandle | None = None
         self.held_s: float | None = None  # time left on its clock while it waits for an LLM
+        self.stdin = stdin  # its client answers input() (on_event gets "input_request")
+        self.asking: int | None = None  # the id of the kernel's input request awaiting a value
 
 
 class _ChannelProtocol(asyncio.Protocol):
@@ -179,24 +190,29 @@ class KernelClient:
         output_limit: int | None = None,
         on_event: EventCallback | None = None,
         silent: bool = False,
+        stdin: bool = False,
     ) -> CellResult:
         """Run one cell. Never raises for what the cell did; KernelDied if it can't run.
 
         A cell over timeout_s is interrupted; one still running `interrupt_grace_s` later
-        has its sandbox killed (status KILLED).
+        has its sandbox killed (status KILLED). With stdin, the cell's input() reaches
+        on_event as {"type": "input_request", "prompt", "password"}, answered by
+        `answer_input`; without, input() raises in the cell.
         """
         if not self.alive or self._writer is None:
             raise KernelDied(self.death or f"sandbox {self.id} is not running")
         assert self._cell is None, "one cell at a time: the session serialises cells"
         self.sandbox.thaw()  # if the session sat idle long enough to be frozen
         limit = output_limit if output_limit is not None else self.limits.output_bytes
-        cell = _Cell(timeout_s, limit, on_event)
+        cell = _Cell(timeout_s, limit, on_event, stdin and on_event is not None)
         loop = asyncio.get_running_loop()
         cell.timer = loop.call_later(timeout_s, self._on_deadline, cell)
         self._cell = cell
         message = {"op": "exec", "code": code, "output_limit": limit}
         if silent:
             message["silent"] = True
+        if cell.stdin:
+            message["stdin"] = True
         self._writer.write(encode_frame(message))
         try:
             await asyncio.shield(cell.future)
@@ -234,6 +250,15 @@ class KernelClient:
         self._signal(cell, CellStatus.INTERRUPTED)
         return True
 
+    def answer_input(self, value: str) -> bool:
+        """Give the running cell's input() its value; False if no input() is waiting."""
+        cell = self._cell
+        if cell is None or cell.asking is None or cell.stage is not _Stage.RUNNING:
+            return False
+        self.send({"op": "input_reply", "id": cell.asking, "value": value})
+        cell.asking = None
+        return True
+
     def _on_deadline(self, cell: _Cell) -> None:
         if cell.future.done():
             return
@@ -263,6 +288,10 @@ class KernelClient:
             self.llm.stop(cell, f"the cell was interrupted ({reason.value})", interrupted=True)
         if self.pip is not None:
             self.pip.stop(cell)
+        if cell.asking is not None:  # input() waiting: it raises KeyboardInterrupt now
+            reply = {"op": "input_reply", "id": cell.asking, "error": "interrupted"}
+            self.send({**reply, "interrupted": True})
+            cell.asking = None
 
     def _kill(self, why: str) -> None:
         if self.death is None:
@@ -317,12 +346,34 @@ class KernelClient:
                 self.send({"op": "pip_reply", "id": message.get("id"), "error": "no installer"})
             else:
                 self.pip.request(cell, message)
+        elif op == "input":
+            self._on_input(cell, message)
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")
             self._ready.set_result(None)
         else:
             raise InvalidMessage(f"unknown message {str(op)[:40]!r}")
+
+    def _on_input(self, cell: _Cell | None, message: dict[str, Any]) -> None:
+        request_id, prompt = message.get("id"), message.get("prompt")
+        if cell is None or not _INPUT_KEYS.issuperset(message):
+            raise InvalidMessage("an input request outside a cell, or with unknown fields")
+        if type(request_id) is not int or not isinstance(prompt, str) or len(prompt) > 1 << 16:
+            raise InvalidMessage("malformed input request")
+        if not cell.stdin or cell.asking is not None or cell.stage is not _Stage.RUNNING:
+            why = "no client answers prompts for this cell, or one is already waiting"
+            self.send({"op": "input_reply", "id": request_id, "error": why})
+            return
+        cell.asking = request_id
+        self._emit(
+            cell,
+            {
+                "type": "input_request",
+                "prompt": prompt,
+                "password": message.get("password") is True,
+            },
+        )
 
     def _on_stream(self, cell: _Cell | None, message: dict[str, Any]) -> None:
         name, text = message.get("name"), message.get("text")

@@ -155,12 +155,16 @@ class SessionManager(abc.ABC):
         on_event: EventCallback | None = None,
         track_files: bool = False,
         silent: bool = False,
+        stdin: bool = False,
     ) -> CellResult:
         """Run a cell in a session (queued behind the running one).
 
         timeout_s is capped by the server's --cell-timeout. With track_files, the result
         lists the files the cell created or changed in the working directory. A silent
         cell (the server's own setup) runs in a namespace of its own and is not counted.
+        With stdin (and on_event), the cell's input() and getpass() send on_event an
+        {"type": "input_request", "prompt", "password"} event, answered by `answer_input`;
+        without, they raise StdinNotImplementedError in the cell.
 
         Raises:
             SessionNotFound: unknown id, another owner's, or closed before the cell ran.
@@ -235,6 +239,11 @@ class SessionManager(abc.ABC):
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         """Interrupt the running cell; False when none was running. A paused session is
         brought back first."""
+
+    @abc.abstractmethod
+    async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
+        """Give the value to the running cell's input(); False when no input() waits.
+        Raises SessionNotFound."""
 
     @abc.abstractmethod
     async def close(
@@ -626,6 +635,7 @@ class LocalSessionManager(SessionManager):
         on_event: EventCallback | None = None,
         track_files: bool = False,
         silent: bool = False,
+        stdin: bool = False,
     ) -> CellResult:
         session = self._find(session_id, owner)
         limit = self.limits.cell_timeout_s
@@ -638,6 +648,7 @@ class LocalSessionManager(SessionManager):
                 on_event=on_event,
                 track_files=track_files,
                 silent=silent,
+                stdin=stdin,
             )
         except KernelDied as exc:
             self._forget(session, "lost")
@@ -663,6 +674,10 @@ class LocalSessionManager(SessionManager):
         session = self._find(session_id, owner)
         await session.wake()
         return session.interrupt()
+
+    async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
+        session = self._find(session_id, owner)
+        return session.kernel is not None and session.kernel.answer_input(value)
 
     async def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
         """The working directory itself (blocking methods: call them in a thread)."""

@@ -202,8 +202,10 @@ class Session:
         on_event: EventCallback | None = None,
         track_files: bool = False,
         silent: bool = False,
+        stdin: bool = False,
     ) -> CellResult:
-        """Queue a cell behind the running one and run it.
+        """Queue a cell behind the running one and run it (with stdin, its input() asks
+        on_event: see `KernelClient.execute`).
 
         Raises:
             SessionBusy: max_queued cells are already waiting.
@@ -232,10 +234,10 @@ class Session:
             before = await self._snapshot() if track_files else None
             if self.gate is None:
                 result = await self.kernel.execute(
-                    code, timeout_s=timeout_s, on_event=on_event, silent=silent
+                    code, timeout_s=timeout_s, on_event=on_event, silent=silent, stdin=stdin
                 )
             else:
-                result = await self._take_turn(code, timeout_s, on_event, silent)
+                result = await self._take_turn(code, timeout_s, on_event, silent, stdin)
                 waited_s += result.queue_wait_s
             result.queue_wait_s = waited_s
             if before is not None and result.session_survived:
@@ -261,7 +263,12 @@ class Session:
             self._idle_from_now()
 
     async def _take_turn(
-        self, code: str, timeout_s: float, on_event: EventCallback | None, silent: bool
+        self,
+        code: str,
+        timeout_s: float,
+        on_event: EventCallback | None,
+        silent: bool,
+        stdin: bool,
     ) -> CellResult:
         """Run the cell in its turn at the gate; its wait is in the result's queue_wait_s.
 
@@ -289,7 +296,7 @@ class Session:
             async with self.gate.admitted(go_behind):
                 waited_s = time.perf_counter() - asked
                 result = await kernel.execute(
-                    code, timeout_s=timeout_s, on_event=on_event, silent=silent
+                    code, timeout_s=timeout_s, on_event=on_event, silent=silent, stdin=stdin
                 )
         finally:
             if self._look is not None:

@@ -129,6 +129,16 @@ class ExecuteRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     code: str = Field(description="Python to run in the session")
     timeout: float | None = Field(default=None, gt=0, description="Time limit of this cell, s")
+    allow_stdin: bool = Field(
+        default=False,
+        description="With a streamed execute: input() and getpass() in the cell send an "
+        "`input_request` event, answered by POST .../input; otherwise they raise in the cell",
+    )
+
+
+class InputRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: str = Field(description="The line that the cell's input() returns (no newline)")
 
 
 class CellErrorOut(BaseModel):
@@ -154,6 +164,10 @@ class ExecuteResponse(BaseModel):
     execution_count: int
     message: str | None = Field(default=None, description="A limit hit, or why the session ended")
     session_alive: bool
+
+
+class InputResponse(BaseModel):
+    answered: bool = Field(description="Whether an input() was waiting and got the value")
 
 
 class InterruptResponse(BaseModel):

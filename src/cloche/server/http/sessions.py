@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cloche.config import Limits
 from cloche.errors import ClocheError, PathRefused, UnknownProfile
@@ -24,6 +24,8 @@ from cloche.server.http.models import (
     ExecuteRequest,
     ExecuteResponse,
     FileList,
+    InputRequest,
+    InputResponse,
     InterruptResponse,
     SessionCreate,
     SessionList,
@@ -159,7 +161,9 @@ async def execute(
     timeouts: dict[str, float] = request.app.state.session_timeouts
     timeout = body.timeout or timeouts.get(session_id)
     if _wants_stream(request, stream):
-        return await _stream(request, manager, session_id, body.code, timeout, owner)
+        return await _stream(
+            request, manager, session_id, body.code, timeout, owner, body.allow_stdin
+        )
     result = await manager.execute(
         session_id, body.code, owner=owner, timeout_s=timeout, track_files=True
     )
@@ -187,8 +191,10 @@ async def _stream(
     code: str,
     timeout_s: float | None,
     owner: str | None,
+    stdin: bool = False,
 ) -> StreamingResponse:
-    """Events as output happens; a client that goes away interrupts the cell.
+    """Events as output happens; a client that goes away interrupts the cell. With stdin,
+    the cell's input() is an `input_request` event, answered by POST .../input.
 
     Raises:
         SessionBusy: the session's queue is full (answered 409, not as a stream).
@@ -212,6 +218,7 @@ async def _stream(
                 timeout_s=timeout_s,
                 on_event=on_event,
                 track_files=True,
+                stdin=stdin,
             )
         except ClocheError as exc:
             refused.append(exc)
@@ -287,6 +294,22 @@ async def interrupt(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, bool]:
     return {"interrupted": await _manager(request).interrupt(session_id, owner)}
+
+
+@router.post(
+    "/{session_id}/input",
+    response_model=InputResponse,
+    summary="Answer the running cell's input() (after its input_request event)",
+    responses={409: {"description": "No input() is waiting in this session"}},
+)
+async def answer_input(
+    session_id: str, body: InputRequest, request: Request, owner: str | None = Depends(owner_of)
+) -> Any:
+    if not await _manager(request).answer_input(session_id, body.value, owner):
+        return JSONResponse(
+            {"detail": f"no input() is waiting in session {session_id}"}, status_code=409
+        )
+    return {"answered": True}
 
 
 @router.get("/{session_id}/files", response_model=FileList, summary="List the working directory")
