@@ -198,6 +198,9 @@ class NodeAgent:
     ) -> Any:
         return await self.manager.interrupt(session_id, owner)
 
+    async def _op_restart(self, on_event: EventCallback, session_id: str, owner: str | None) -> Any:
+        return codec.info_out(await self.manager.restart(session_id, owner))
+
     async def _op_answer_input(
         self, on_event: EventCallback, session_id: str, owner: str | None, value: str
     ) -> Any:

@@ -417,6 +417,9 @@ class ClusterSessionManager(SessionManager):
         interrupted: bool = await self._call(session_id, "interrupt", {"owner": owner})
         return interrupted
 
+    async def restart(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        return codec.info_in(await self._call(session_id, "restart", {"owner": owner}))
+
     async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
         answered: bool = await self._call(
             session_id, "answer_input", {"owner": owner, "value": value}

@@ -15,13 +15,14 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
 from cloche.config import Limits
 from cloche.errors import CheckpointFailed, RestoreRefused, SandboxStartError, StorageFull
 from cloche.sandbox import archive
-from cloche.sandbox.base import Backend
+from cloche.sandbox.base import Backend, Sandbox
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.store import IMAGE, WORKDIR_ARCHIVE, Store
 
@@ -175,3 +176,13 @@ def _across_platforms(origin: str) -> str:
     on systrap; one made on systrap crashes on ptrace (runsc 0.0~20240729), so a node that
     has only ptrace can't take a systrap node's images (the restore fails)."""
     return re.sub(r" (systrap|ptrace)(?= |$)", "", origin)
+
+
+def carry_disk(old: Sandbox, new: Sandbox) -> None:
+    """A restarted session's files (its working directory, its installed packages) go to
+    its new sandbox (blocking)."""
+    uid, gid = new.file_owner or (os.getuid(), os.getgid())
+    with tempfile.TemporaryDirectory(dir=new.disk.parent) as scratch:
+        tar = Path(scratch) / "disk.tar"
+        archive.pack(old.disk, tar)
+        archive.unpack(tar, new.disk, uid, gid)

@@ -44,7 +44,7 @@ from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, fi
 from cloche.protocol.paths import normalise
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
-from cloche.sessions.durable import Checkpoints, pack_home, unpack_home
+from cloche.sessions.durable import Checkpoints, carry_disk, pack_home, unpack_home
 from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.observer import Observer
@@ -239,6 +239,12 @@ class SessionManager(abc.ABC):
     async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
         """Interrupt the running cell; False when none was running. A paused session is
         brought back first."""
+
+    @abc.abstractmethod
+    async def restart(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        """A fresh interpreter for the session, same id: its running cell is stopped, its
+        variables and imports are gone (its working directory stays). A paused session is
+        brought back first. Raises SessionNotFound."""
 
     @abc.abstractmethod
     async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
@@ -674,6 +680,33 @@ class LocalSessionManager(SessionManager):
         session = self._find(session_id, owner)
         await session.wake()
         return session.interrupt()
+
+    async def restart(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        session = self._find(session_id, owner)
+        await session.wake()
+        fresh = await (await self._pool(session.profile)).take()
+        old: list[KernelClient] = []
+
+        async def swap(session: Session) -> None:
+            kernel = session.detach()
+            if kernel is not None:
+                old.append(kernel)
+                await asyncio.to_thread(carry_disk, kernel.sandbox, fresh.sandbox)
+            session.attach(fresh)
+            session.execution_count = 0
+            self._equip(session, fresh)
+
+        try:
+            await session.hold(swap, interrupt=True)
+        except KernelDied as exc:
+            await fresh.close(why="the session it was for was closed")
+            raise SessionNotFound(session_id) from exc
+        finally:
+            for kernel in old:  # the old interpreter, stopped as a closed session's is
+                await kernel.close(why=f"session {session_id} was restarted")
+        self.store.save(self._record(session, RecordState.LIVE))
+        log.info("session restart id=%s sandbox=%s", session.id, fresh.id)
+        return session.info()
 
     async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
         session = self._find(session_id, owner)

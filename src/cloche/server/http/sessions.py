@@ -130,6 +130,17 @@ async def get_session(
     return _describe(request, await _manager(request).info(session_id, owner))
 
 
+@router.post(
+    "/{session_id}/restart",
+    response_model=SessionOut,
+    summary="A fresh interpreter, same id: variables and imports go, files stay",
+)
+async def restart_session(
+    session_id: str, request: Request, owner: str | None = Depends(owner_of)
+) -> dict[str, Any]:
+    return _describe(request, await _manager(request).restart(session_id, owner))
+
+
 @router.delete("/{session_id}", status_code=204, summary="Close a session")
 async def delete_session(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
