@@ -19,7 +19,7 @@ def server(state_root) -> Iterator[ServerThread]:
         yield s
 
 
-def client(server: ServerThread, token: str = "a") -> httpx.Client:
+def client(server: ServerThread, token: str = "a") -> httpx.Client:  # noqa: S107
     return httpx.Client(
         base_url=f"http://127.0.0.1:{server.http_port}",
         headers={"Authorization": f"Bearer {token}"},
