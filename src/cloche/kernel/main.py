@@ -15,6 +15,7 @@ import signal
 import time
 from typing import Any
 
+from . import introspect
 from .capture import OutputCapture
 from .channel import Channel
 from .display import as_json, mime_bundle
@@ -32,6 +33,7 @@ class Kernel:
         self.channel = channel
         self.capture = OutputCapture(channel)
         self.executor = Executor()
+        introspect.bind(self.executor)  # for the host's complete, inspect and history asks
         self.in_cell = False
         self.output_limit = 1 << 20
         self.figures = FigureCapture(self._send_display)
