@@ -42,6 +42,8 @@ OPERATIONS = [
     ("POST", "/v1/sessions/{session_id}/execute"),
     ("POST", "/v1/sessions/{session_id}/completions"),
     ("POST", "/v1/sessions/{session_id}/interrupt"),
+    ("POST", "/v1/sessions/{session_id}/input"),
+    ("POST", "/v1/sessions/{session_id}/restart"),
     ("GET", "/v1/sessions/{session_id}/files"),
     ("GET", "/v1/sessions/{session_id}/files/{path}"),
     ("PUT", "/v1/sessions/{session_id}/files/{path}"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -194,6 +194,19 @@ class Metrics(Observer):
             "Time to restore a sandbox from an image, by kind (resume, snapshot, fork)",
             ["kind"],
             buckets=_START_BUCKETS_S,
+            registry=self.registry,
+        )
+
+        # The Jupyter kernel gateway (/api): its REST requests and its websockets.
+        self.jupyter_requests = Counter(
+            "cloche_jupyter_requests",
+            "Kernel gateway REST requests, by route and status code",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.jupyter_connections = Gauge(
+            "cloche_jupyter_connections",
+            "Kernel gateway websocket connections open now",
             registry=self.registry,
         )
 

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from cloche import __version__
 from cloche.config import MIB, ServerConfig
+from cloche.server import jupyter
 from cloche.server.http import (
     chat,
     cluster,
@@ -52,6 +53,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     app.include_router(profiles.router)
     app.include_router(chat.router)
     app.include_router(cluster.router)
+    jupyter.mount(app, manager)  # the Jupyter kernel gateway: /api
 
     @app.get("/health", summary="200 while sandboxes can be served, else 503")
     async def health() -> JSONResponse:
@@ -105,6 +107,9 @@ class HTTPFrontEnd:
             lifespan="on",  # runs MCP's session manager
             timeout_keep_alive=30,
             limit_concurrency=config.max_connections,
+            # The Jupyter gateway's websockets: a larger message is refused with 1009.
+            ws="websockets-sansio",
+            ws_max_size=config.max_frame_bytes,
         )
         self.server = _EmbeddedServer(uvicorn_config)
 
