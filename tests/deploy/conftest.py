@@ -147,6 +147,10 @@ class Container:
             answer: dict[str, object] = json.loads(response.read())
             return answer
 
+    def exec(self, *command: str) -> str:
+        """What a command run inside the container prints."""
+        return docker("exec", self.name, *command)
+
     def inspect(self) -> dict[str, object]:
         found: list[dict[str, object]] = json.loads(docker("inspect", self.name))
         return found[0]

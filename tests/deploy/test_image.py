@@ -5,6 +5,7 @@ with mmdebstrap when it is missing (cached by the daemon across runs)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
@@ -139,3 +140,28 @@ def test_a_session_survives_docker_restart(run_container) -> None:
         reply = client.run("next(gen)", sid)
     assert (reply["status"], reply.get("output")) == ("ok", "1\n"), (reply, container.logs())
     assert "session paused" in container.logs() and "session resumed" in container.logs()
+
+
+def _listening(proc_net: str) -> set[tuple[str, int]]:
+    """(address, port) of the LISTEN sockets in /proc/net/tcp and tcp6 text."""
+    found = set()
+    for line in proc_net.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[3] != "0A":  # 0A: TCP_LISTEN
+            continue
+        address, port = fields[1].split(":")
+        raw = bytes.fromhex(address)
+        if len(raw) == 4:
+            host = ".".join(str(b) for b in reversed(raw))
+        else:  # four little-endian words
+            words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
+            host = str(ipaddress.IPv6Address(b"".join(words)))
+        found.add((host, int(port, 16)))
+    return found
+
+
+def test_the_image_listens_only_on_its_two_documented_ports(served) -> None:
+    """0.0.0.0 inside the container is for the REPL (8000) and HTTP (8080) ports alone."""
+    served.post("/", {"code": "1"})  # a sandbox runs meanwhile: it opens nothing here
+    proc_net = served.exec("cat", "/proc/net/tcp", "/proc/net/tcp6")
+    assert _listening(proc_net) == {("0.0.0.0", 8000), ("0.0.0.0", 8080)}
