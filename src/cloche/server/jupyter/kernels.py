@@ -44,6 +44,9 @@ class GatewayKernel:
         self.id = kernel_id
         self.owner = owner
         self.connections: set[Connection] = set()
+        # The session's execution count after the last cell run here (asked when unknown):
+        # what execute_input announces for the next cell without one more call per cell.
+        self.count: int | None = None
         self._shell: collections.deque[tuple[Connection, Request]] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
         self._shell_handlers: dict[str, Callable[[Request], Awaitable[Content]]] = {
@@ -203,9 +206,11 @@ class GatewayKernel:
         silent = content.get("silent") is True  # runs, counted, but nothing is broadcast
         manager = self.gateway.manager
         try:
-            count = (await manager.info(self.id, self.owner)).execution_count + 1
+            if self.count is None:
+                self.count = (await manager.info(self.id, self.owner)).execution_count
         except ClocheError as exc:
             return self._refused(request, exc, 0, silent)
+        count = self.count + 1
         if not silent:
             self.iopub("execute_input", {"code": code, "execution_count": count}, request)
 
@@ -230,7 +235,9 @@ class GatewayKernel:
                 stdin=content.get("allow_stdin") is True and not silent,
             )
         except ClocheError as exc:
+            self.count = None
             return self._refused(request, exc, count, silent)
+        self.count = result.execution_count if result.execution_count else None
         return self._outcome(request, result, silent)
 
     def _outcome(self, request: Request, result: CellResult, silent: bool) -> Content:
@@ -357,6 +364,7 @@ class Gateway:
         self.restarts[kernel_id] = self.restarts.get(kernel_id, 0) + 1
         kernel = self.kernels.get(kernel_id)
         if kernel is not None:
+            kernel.count = 0
             parent = Request("control", "shutdown_request", {}, {})
             for state in ("restarting", "idle"):
                 kernel.iopub("status", {"execution_state": state}, parent)
