@@ -649,7 +649,7 @@ def test_connections_are_counted_and_leak_nothing(gateway, http, kernel):
         assert metric(http, "cloche_jupyter_connections") == 1
     wait_for(lambda: not app.state.jupyter.kernels, "the kernel to be released")
     before = len(os.listdir("/proc/self/fd"))
-    for _ in range(200):
+    for _ in range(1000):
         Channels(gateway, kernel).ws.close()
     wait_for(
         lambda: not app.state.jupyter.kernels and len(os.listdir("/proc/self/fd")) <= before + 3,
@@ -658,3 +658,50 @@ def test_connections_are_counted_and_leak_nothing(gateway, http, kernel):
     assert metric(http, "cloche_jupyter_connections") == 0
     assert http.get(f"/api/kernels/{kernel}").json()["connections"] == 0
     assert metric(http, "cloche_jupyter_requests_total", route="/api/kernels/{kernel_id}") > 0
+
+
+def test_a_paused_kernel_resumes_on_a_websocket_message(gateway, http, kernel):
+    with Channels(gateway, kernel) as channels:
+        channels.until_idle(channels.execute("kept = 'before the pause'"))
+    paused = http.post(f"/v1/sessions/{kernel}/pause", headers=BEARER_T1)
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["state"] == "paused"
+    assert http.get(f"/api/kernels/{kernel}").json()["execution_state"] == "idle"
+    with Channels(gateway, kernel) as channels:
+        iopub, reply = channels.run("kept")
+    assert reply["content"]["status"] == "ok"
+    (result,) = [m for m in iopub if m["msg_type"] == "execute_result"]
+    assert result["content"]["data"]["text/plain"] == "'before the pause'"
+    assert http.get(f"/v1/sessions/{kernel}", headers=BEARER_T1).json()["state"] == "idle"
+
+
+def test_a_restart_during_a_running_cell_stops_it_and_the_kernel_goes_on(gateway, http, kernel):
+    code = "import time\nprint('started', flush=True)\nkept = 1\ntime.sleep(60)"
+    with Channels(gateway, kernel) as channels:
+        running = channels.execute(code)
+        channels.until_started(running)
+        restarted = http.post(f"/api/kernels/{kernel}/restart")
+        assert restarted.status_code == 200, restarted.text
+        ended = _reply_of(channels.until_idle(running))["content"]
+        assert ended["status"] == "error" and ended["ename"] == "KeyboardInterrupt"
+        after = _reply_of(channels.until_idle(channels.execute("'kept' in dir()")))
+    assert after["content"]["status"] == "ok"
+
+
+def test_websocket_sse_and_tcp_drive_one_namespace(gateway, http, kernel):
+    with Channels(gateway, kernel) as channels:
+        channels.until_idle(channels.execute("shared = ['websocket']"))
+    streamed = http.post(
+        f"/v1/sessions/{kernel}/execute?stream=true",
+        json={"code": "shared.append('sse'); len(shared)"},
+        headers=BEARER_T1,
+    )
+    assert streamed.status_code == 200
+    assert 'event: result\ndata: {"text/plain":"2"}' in streamed.text
+    with gateway.client() as tcp:
+        reply = tcp.run("shared.append('tcp'); shared", kernel, token="t1")
+    assert reply["output"] == "['websocket', 'sse', 'tcp']\n", reply
+    with Channels(gateway, kernel) as channels:
+        iopub, _ = channels.run("len(shared)")
+    (result,) = [m for m in iopub if m["msg_type"] == "execute_result"]
+    assert result["content"]["data"]["text/plain"] == "3"
