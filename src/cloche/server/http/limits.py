@@ -9,6 +9,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cloche.server.http.errors import BodyTooLarge, error_response
 
+# A body declared too large is still read and dropped up to this size before the 413, so
+# that a client that sends it whole before reading gets the answer, not a reset (a socket
+# closed with unread data resets the connection). Past it, the server answers and closes.
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
+
 
 class BodyLimit:
     """Refuses bodies above max_bytes with 413, before or while they are read.
@@ -38,6 +43,8 @@ class BodyLimit:
                 except ValueError:
                     declared = -1
                 if declared < 0 or declared > max_bytes:
+                    if 0 < declared <= DRAIN_MAX_BYTES:
+                        await _drain(receive)
                     response = error_response(
                         413 if declared > 0 else 400,
                         "too_large" if declared > 0 else "invalid_request",
@@ -71,3 +78,11 @@ class BodyLimit:
                 )
 
         await self.app(scope, bounded, answer)
+
+
+async def _drain(receive: Receive) -> None:
+    """Read the request's body to its end (bounded by its declared length), keeping none."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
