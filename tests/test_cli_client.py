@@ -104,7 +104,7 @@ def test_run_exits_1_when_the_cell_times_out(url, environment):
 def test_run_keep_leaves_the_session_open_for_later(url, environment, api):
     done = cloche("run", "-", "--keep", *connect(url), env=environment, stdin="answer = 42")
     assert done.returncode == 0, done.stderr
-    match = re.fullmatch(r"cloche: kept session ([0-9a-f]{32})\n", done.stderr)
+    match = re.fullmatch(r"cloche: kept session ([0-9a-f-]{36})\n", done.stderr)
     assert match, done.stderr
     session_id = match[1]
     again = cloche(
@@ -198,7 +198,7 @@ def spawn_repl(
         # Ctrl-C as in a terminal, even under a shell's background job that ignores SIGINT.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    repl.expect(r"session ([0-9a-f]{32}) \(lean\)")
+    repl.expect(r"session ([0-9a-f-]{36}) \(lean\)")
     session_id = str(repl.match[1])
     repl.expect_exact(PROMPT)
     return repl, session_id
@@ -264,7 +264,7 @@ def test_repl_multiline_input_ctrl_c_and_files(url, environment, tmp_path, api):
         repl.expect_exact(PROMPT)
 
         repl.sendeof()
-        repl.expect(r"closed session [0-9a-f]{32}")
+        repl.expect(r"closed session [0-9a-f-]{36}")
         repl.expect(pexpect.EOF)
     finally:
         repl.close(force=True)
@@ -297,7 +297,7 @@ def test_repl_attaches_to_an_existing_session_and_leaves_it_open(url, environmen
 
 def test_sessions_snapshot_fork_pause_resume_and_snapshots(url, environment, api):
     made = cloche("run", "-", "--keep", *connect(url), env=environment, stdin="v = 'kept'")
-    session_id = re.fullmatch(r"cloche: kept session ([0-9a-f]{32})\n", made.stderr)[1]  # type: ignore[index]
+    session_id = re.fullmatch(r"cloche: kept session ([0-9a-f-]{36})\n", made.stderr)[1]  # type: ignore[index]
 
     snap = cloche(
         "sessions", "snapshot", session_id, "--name", "s1", "--json", *connect(url), env=environment

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,8 @@ def test_a_new_session_describes_itself(http):
     assert response.status_code == 201
     body = response.json()
     try:
-        assert re.fullmatch(r"[0-9a-f]{32}", body["id"])
+        assert uuid.UUID(body["id"]).version == 4  # a kernel id jupyter_server routes accept
+        assert str(uuid.UUID(body["id"])) == body["id"]
         assert body["profile"] == "lean"
         assert body["state"] == "idle"
         assert body["execution_count"] == 0

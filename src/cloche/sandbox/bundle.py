@@ -30,6 +30,13 @@ _ETC = {
     "hostname": "sandbox\n",
     "resolv.conf": "",
     "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+    # fontconfig's (matplotlib runs fc-list when it first lists fonts): without a config,
+    # fc-list prints "Fontconfig error: Cannot load default config file" into the cell.
+    "fonts/fonts.conf": (
+        '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "urn:fontconfig:fonts.dtd">\n'
+        "<fontconfig><dir>/usr/share/fonts</dir><cachedir>/tmp/.fontconfig</cachedir>"
+        "</fontconfig>\n"
+    ),
 }
 
 
@@ -50,6 +57,7 @@ def build_rootfs(rootfs: Path, mounts: list[Mount]) -> None:
         if not (rootfs / link).is_symlink():
             os.symlink(f"usr/{link}", rootfs / link)
     for name, text in _ETC.items():
+        (rootfs / "etc" / name).parent.mkdir(exist_ok=True)
         (rootfs / "etc" / name).write_text(text)
     for mount in mounts:
         (rootfs / mount.destination.lstrip("/")).mkdir(parents=True, exist_ok=True)

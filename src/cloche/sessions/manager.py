@@ -11,9 +11,9 @@ import asyncio
 import builtins
 import logging
 import os
-import secrets
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterable, Coroutine, Sequence
 from dataclasses import replace
@@ -65,8 +65,9 @@ PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this lo
 
 
 def new_session_id() -> str:
-    """128 random bits, hex: unguessable, and safe in URLs and file names."""
-    return secrets.token_hex(16)
+    """A random UUID (122 bits from the OS's CSPRNG): unguessable, safe in URLs and file
+    names, and the shape jupyter_server's routes require of a kernel id (it is one)."""
+    return str(uuid.uuid4())
 
 
 class SessionManager(abc.ABC):
