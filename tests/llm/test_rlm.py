@@ -280,7 +280,7 @@ def test_logs_tell_calls_but_not_prompts(http, stub: StubLLM, caplog: pytest.Log
     )
     lines = [r.getMessage() for r in caplog.records if r.name == "cloche.llm"]
     assert any(
-        re.match(r"llm call session=\w+ kind=sub model=stub-model outcome=ok", x) for x in lines
+        re.match(r"llm call session=[\w-]+ kind=sub model=stub-model outcome=ok", x) for x in lines
     )
     assert any(line.startswith("rlm run session=") for line in lines)
     assert not any(NEEDLE in line for line in lines)
