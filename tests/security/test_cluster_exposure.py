@@ -35,7 +35,12 @@ else:
 def listeners(root_pid: int) -> list[tuple[str, int, str]]:
     """(address, port, process name) of every listening TCP socket of a process tree."""
     root = psutil.Process(root_pid)
-    names = {p.pid: p.name() for p in [root, *root.children(recursive=True)]}
+    names = {}
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            names[process.pid] = process.name()
+        except psutil.NoSuchProcess:
+            continue  # it ended meanwhile (Ray starts and reaps workers): it listens nowhere
     return [
         (c.laddr.ip, c.laddr.port, names[c.pid])
         for c in psutil.net_connections("inet")

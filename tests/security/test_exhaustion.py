@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from support import ServerThread
 
 
@@ -167,7 +169,7 @@ def test_ignoring_sigint_gets_the_sandbox_killed(attacker, witness):
             timeout_s=1,
         )
     assert reply["cell_status"] == "killed"
-    assert "did not stop within 1 s of the interrupt" in str(reply["error"])
+    assert re.search(r"did not stop within [\d.]+ s of the interrupt", str(reply["error"]))
     assert attacker.run("1")["error"] == f"Session {attacker.session_id} not found"
 
 

@@ -118,19 +118,22 @@ def test_frozen_sessions_of_a_killed_server_are_cleaned_up_by_the_next(tmp_path)
     with crashed.client() as c:
         assert c.run("x = 1")["status"] == "ok"
     instance = crashed.instance
-    frozen = _frozen_in(FREEZER / "cloche" / instance)
-    deadline = time.monotonic() + 20
-    while not frozen and time.monotonic() < deadline:
-        time.sleep(0.05)  # polling for the freeze, with a deadline
+    try:
         frozen = _frozen_in(FREEZER / "cloche" / instance)
-    assert frozen, "the idle session was never frozen"
-    crashed.stop(signal.SIGKILL)
-
+        deadline = time.monotonic() + 20
+        while not frozen and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the freeze, with a deadline
+            frozen = _frozen_in(FREEZER / "cloche" / instance)
+    finally:
+        # Killed whatever happened above: a server left running would hold its sandboxes
+        # and their mounts for the rest of the run.
+        crashed.stop(signal.SIGKILL)
     successor = ServerProcess(state_dir)
     try:
         assert leftovers(state_dir, instance) == NOTHING_LEFT
     finally:
         successor.stop()
+    assert frozen, "the idle session was never frozen"
     assert os.path.isdir(state_dir)
 
 
