@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import threading
@@ -13,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from cloche.client.tcp import TCPClient
@@ -121,6 +123,21 @@ def adopt(module_path: str, namespace: dict[str, Any], skip: tuple[str, ...] = (
         if key.startswith("__") or key in skip or key in namespace:
             continue
         namespace[key] = value
+
+
+def sse_events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
+    """Server-Sent Events as (event, decoded data), as they arrive."""
+    name: str | None = None
+    data: list[str] = []
+    for line in response.iter_lines():
+        if line == "":
+            if name is not None:
+                yield name, json.loads("\n".join(data))
+            name, data = None, []
+        elif line.startswith("event:"):
+            name = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            data.append(line.removeprefix("data:").strip())
 
 
 def fresh_data_dir(state_dir: Path) -> Path:

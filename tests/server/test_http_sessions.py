@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloche.config import Limits
-from support import ServerThread, make_config, require_gvisor
+from support import ServerThread, make_config, require_gvisor, sse_events
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T1 = {"Authorization": "Bearer t1"}
@@ -81,21 +81,6 @@ def execute(client: httpx.Client, session_id: str, code: str, **extra: Any) -> d
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
-
-
-def events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
-    """Server-Sent Events as (event, decoded data), as they arrive."""
-    name: str | None = None
-    data: list[str] = []
-    for line in response.iter_lines():
-        if line == "":
-            if name is not None:
-                yield name, json.loads("\n".join(data))
-            name, data = None, []
-        elif line.startswith("event:"):
-            name = line.removeprefix("event:").strip()
-        elif line.startswith("data:"):
-            data.append(line.removeprefix("data:").strip())
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
@@ -344,7 +329,7 @@ def test_output_is_streamed_as_it_happens(guarded, http, session):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         stdout = ""
-        for name, data in events(response):
+        for name, data in sse_events(response):
             seen.append((name, data))
             if name == "stdout":
                 stdout += data["text"]
@@ -369,7 +354,7 @@ def test_a_stream_ends_with_result_error_and_done_events(http, session):
         json={"code": "import sys\nprint('a')\nprint('b', file=sys.stderr)\n40 + 2"},
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
-        seen = list(events(response))
+        seen = list(sse_events(response))
     assert [name for name, _ in seen] == ["stdout", "stderr", "result", "done"]
     assert seen[0][1] == {"text": "a\n"}
     assert seen[1][1] == {"text": "b\n"}
@@ -381,7 +366,7 @@ def test_a_stream_ends_with_result_error_and_done_events(http, session):
         headers={"Accept": "text/event-stream"},
         json={"code": "1 / 0"},
     ) as response:
-        seen = list(events(response))
+        seen = list(sse_events(response))
     assert [name for name, _ in seen] == ["error", "done"]
     assert seen[0][1]["ename"] == "ZeroDivisionError"
     assert seen[1][1]["status"] == "error"
@@ -400,7 +385,7 @@ def test_a_client_that_goes_away_interrupts_its_cell(guarded, http, session):
             json={"code": code},
             headers={"Accept": "text/event-stream"},
         ) as response:
-            for name, data in events(response):
+            for name, data in sse_events(response):
                 assert (name, data) == ("stdout", {"text": "counting\n"})
                 break  # and leave, closing the connection
     # Well within the 20 s cell timeout: the disconnect stopped it, not the timeout.
@@ -743,7 +728,7 @@ def test_a_lone_surrogate_or_a_nan_from_the_cell_still_comes_back_as_json(http, 
     with http.stream(
         "POST", f"/v1/sessions/{session}/execute?stream=true", json={"code": code}
     ) as streamed:
-        seen = dict(events(streamed))
+        seen = dict(sse_events(streamed))
     assert seen["display"]["application/json"] == {"x": None}
     assert seen["error"]["evalue"] == "\ud800"
     assert execute(http, session, "'fine'")["result_json"] == "fine"

@@ -5,7 +5,6 @@ while it waits. Against a real gVisor server."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 
 from cloche.client.sync import Client
 from cloche.config import Limits
-from support import ServerThread, make_config, require_gvisor
+from support import ServerThread, make_config, require_gvisor, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +51,10 @@ def streamed(
         headers={"Accept": "text/event-stream"},
     ) as response:
         assert response.status_code == 200
-        event = None
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                event = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                data = json.loads(line.removeprefix("data: "))
-                events.append((str(event), data))
-                if event == "input_request":
-                    on_request(data)
+        for event, data in sse_events(response):
+            events.append((event, data))
+            if event == "input_request":
+                on_request(data)
     return events
 
 

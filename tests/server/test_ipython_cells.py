@@ -3,7 +3,6 @@ streaming): shell commands, magics, help, and what the sandbox's shell can run."
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 from cloche.client.tcp import TCPClient
-from support import ServerThread
+from support import ServerThread, sse_events
 
 TIME = r"\d+(\.\d+)? (s|ms|μs|ns)"
 
@@ -63,7 +62,7 @@ def test_a_commands_output_streams_as_it_happens(server):
                 json={"code": code},
                 headers={"Accept": "text/event-stream"},
             ) as response:
-                for name, data in _events(response):
+                for name, data in sse_events(response):
                     if name == "stdout":
                         stdout += data["text"]
                         if stdout == "first\n":
@@ -74,20 +73,6 @@ def test_a_commands_output_streams_as_it_happens(server):
             assert stdout == "first\nsecond\n"
         finally:
             http.delete(f"/v1/sessions/{session_id}")
-
-
-def _events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
-    name: str | None = None
-    data: list[str] = []
-    for line in response.iter_lines():
-        if line == "":
-            if name is not None:
-                yield name, json.loads("\n".join(data))
-            name, data = None, []
-        elif line.startswith("event:"):
-            name = line.removeprefix("event:").strip()
-        elif line.startswith("data:"):
-            data.append(line.removeprefix("data:").strip())
 
 
 def test_assigning_a_command_gives_a_list_of_its_lines(tcp, shared):

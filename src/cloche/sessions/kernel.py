@@ -289,8 +289,14 @@ class KernelClient:
         if self.pip is not None:
             self.pip.stop(cell)
         if cell.asking is not None:  # input() waiting: it raises KeyboardInterrupt now
-            reply = {"op": "input_reply", "id": cell.asking, "error": "interrupted"}
-            self.send({**reply, "interrupted": True})
+            self.send(
+                {
+                    "op": "input_reply",
+                    "id": cell.asking,
+                    "error": "interrupted",
+                    "interrupted": True,
+                }
+            )
             cell.asking = None
 
     def _kill(self, why: str) -> None:
