@@ -26,6 +26,7 @@ from cloche.server.http import (
     terrarium,
 )
 from cloche.server.http.limits import BodyLimit
+from cloche.server.http.websocket_writes import BatchedWebSocketProtocol
 from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics, merge
 from cloche.sessions.manager import SessionManager
@@ -107,8 +108,9 @@ class HTTPFrontEnd:
             lifespan="on",  # runs MCP's session manager
             timeout_keep_alive=30,
             limit_concurrency=config.max_connections,
-            # The Jupyter gateway's websockets: a larger message is refused with 1009.
-            ws="websockets-sansio",
+            # The Jupyter gateway's websockets, a turn's frames in one write: a larger
+            # message is refused with 1009.
+            ws=BatchedWebSocketProtocol,
             ws_max_size=config.max_frame_bytes,
             # Small JSON messages, mostly on a LAN or loopback: compressing each cost ~7% of
             # the server's CPU with 100 busy kernels (py-spy), for nothing.

@@ -24,13 +24,30 @@ class Connection:
         self.websocket = websocket
         self.open = True  # False once its end is queued: nothing more is sent
         self._outbox: asyncio.Queue[str | tuple[int, str]] = asyncio.Queue()
+        self._held: list[str] | None = None  # messages held back while a short cell runs
 
     def send(self, message: dict[str, Any]) -> None:
-        if self.open:
+        if not self.open:
+            return
+        if self._held is not None:
+            self._held.append(frame(message))
+        else:
             self._outbox.put_nowait(frame(message))
+
+    def hold(self) -> None:
+        """Keep what is sent from now on until release(), in order."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Queue what was held (and stop holding)."""
+        held, self._held = self._held, None
+        for text in held or ():
+            self._outbox.put_nowait(text)
 
     def close(self, code: int = 1000, reason: str = "") -> None:
         """Close after what is already queued (idempotent: the first close's code counts)."""
+        self.release()
         if self.open:
             self.open = False
             reason = reason.encode()[:_MAX_REASON_BYTES].decode("utf-8", "ignore")
