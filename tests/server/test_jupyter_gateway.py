@@ -400,6 +400,26 @@ def test_output_arrives_while_the_cell_runs(gateway, http, kernel):
     assert _reply_of(found)["content"]["status"] == "ok"
 
 
+def test_a_silent_long_cell_is_announced_while_it_runs(gateway, http, kernel):
+    """A short cell's first messages are held back to leave with its reply; a cell that runs
+    on without output still shows busy and its input while it runs: this one waits for a
+    file the test writes only once it saw both."""
+    code = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.01)\n"
+    announced: list[str] = []
+
+    def release(message: dict[str, Any]) -> None:
+        if _is_status(message, "busy") or message["msg_type"] == "execute_input":
+            announced.append(message["msg_type"])
+            if len(announced) == 2:
+                put = http.put(f"/v1/sessions/{kernel}/files/go", content=b"", headers=BEARER_T1)
+                assert put.status_code == 204
+
+    with Channels(gateway, kernel) as channels:
+        found = channels.until_idle(channels.execute(code), seen=release)
+    assert announced == ["status", "execute_input"]
+    assert _reply_of(found)["content"]["status"] == "ok"
+
+
 def test_an_error_cell_ends_in_error(gateway, kernel):
     with Channels(gateway, kernel) as channels:
         iopub, reply = channels.run("def f():\n    raise ValueError('nope')\nf()")
