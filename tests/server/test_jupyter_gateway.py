@@ -420,6 +420,22 @@ def test_a_silent_long_cell_is_announced_while_it_runs(gateway, http, kernel):
     assert _reply_of(found)["content"]["status"] == "ok"
 
 
+def test_help_goes_to_the_pager_as_ipython_sends_it(gateway, kernel):
+    """`obj?` over Jupyter is a `page` payload in execute_reply, not output (TCP prints it:
+    test_ipython_cells)."""
+    with Channels(gateway, kernel) as channels:
+        channels.run('def area(w, h):\n    "The area of a w by h rectangle."\n    return w * h')
+        iopub, reply = channels.run("area?")
+        deep_iopub, deep_reply = channels.run("area??")
+    assert "stream" not in _types(iopub) and "stream" not in _types(deep_iopub)
+    (page,) = reply["content"]["payload"]
+    assert page["source"] == "page" and page["start"] == 0
+    assert "area(w, h)" in page["data"]["text/plain"]
+    assert "The area of a w by h rectangle." in page["data"]["text/plain"]
+    (deep,) = deep_reply["content"]["payload"]
+    assert "return w * h" in deep["data"]["text/plain"]
+
+
 def test_an_error_cell_ends_in_error(gateway, kernel):
     with Channels(gateway, kernel) as channels:
         iopub, reply = channels.run("def f():\n    raise ValueError('nope')\nf()")

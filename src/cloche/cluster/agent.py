@@ -180,6 +180,7 @@ class NodeAgent:
         silent: bool,
         stream: bool,
         stdin: bool = False,
+        pager: bool = False,
     ) -> Any:
         result = await self.manager.execute(
             session_id,
@@ -190,6 +191,7 @@ class NodeAgent:
             track_files=track_files,
             silent=silent,
             stdin=stdin,
+            pager=pager,
         )
         return codec.result_out(result)
 

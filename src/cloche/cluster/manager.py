@@ -396,6 +396,7 @@ class ClusterSessionManager(SessionManager):
         track_files: bool = False,
         silent: bool = False,
         stdin: bool = False,
+        pager: bool = False,
     ) -> CellResult:
         raw = await self._call(
             session_id,
@@ -407,6 +408,7 @@ class ClusterSessionManager(SessionManager):
                 "track_files": track_files,
                 "silent": silent,
                 "stdin": stdin,
+                "pager": pager,
                 "stream": on_event is not None,
             },
             on_event,

@@ -439,11 +439,18 @@ class Magics:
 
     def pinfo(self, line: str, place: Place) -> None:
         """`obj?`: the object's signature and docstring."""
-        print(self.help_text(line.strip(), 0, self._namespace(place)))
+        self._page(self.help_text(line.strip(), 0, self._namespace(place)))
 
     def pinfo2(self, line: str, place: Place) -> None:
         """`obj??`: the object's signature and source (or docstring)."""
-        print(self.help_text(line.strip(), 1, self._namespace(place)))
+        self._page(self.help_text(line.strip(), 1, self._namespace(place)))
+
+    def _page(self, text: str) -> None:
+        pager = self.shell.pager
+        if pager is not None:
+            pager(text)
+        else:
+            print(text)
 
     def help_text(self, target: str, detail_level: int, namespace: dict[str, Any]) -> str:
         """What `target?` shows: an object's info, a magic's docstring, or an overview."""

@@ -67,11 +67,17 @@ class Kernel:
         self.capture.end_cell()  # keep the order: output printed before the display comes first
         self.channel.send({"op": "display", "data": bundle})
 
+    def _send_page(self, text: str) -> None:
+        self.capture.end_cell()  # keep the order, as a display does
+        self.channel.send({"op": "page", "text": text})
+
     def serve(self) -> None:
         self.channel.send({"op": "ready", "pid": os.getpid()})
         while (message := self.channel.recv()) is not None:
             if message.get("op") == "exec":
                 self.prompter.allowed = message.get("stdin") is True
+                pager = self._send_page if message.get("pager") is True else None
+                self.executor.shell.pager = pager
                 self.execute(
                     str(message.get("code", "")),
                     int(message.get("output_limit", 1 << 20)),

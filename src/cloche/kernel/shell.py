@@ -137,6 +137,9 @@ class Shell:
     def __init__(self, user_ns: dict[str, Any], history: History) -> None:
         self.user_ns = user_ns
         self.history = history
+        # Where `obj?` sends its text: a Jupyter client's pager (IPython's `page` payload)
+        # when the cell's client has one, else None and the text is printed.
+        self.pager: Callable[[str], None] | None = None
         self._magics: Magics | None = None
         self.install(user_ns)
 

@@ -191,13 +191,15 @@ class KernelClient:
         on_event: EventCallback | None = None,
         silent: bool = False,
         stdin: bool = False,
+        pager: bool = False,
     ) -> CellResult:
         """Run one cell. Never raises for what the cell did; KernelDied if it can't run.
 
         A cell over timeout_s is interrupted; one still running `interrupt_grace_s` later
         has its sandbox killed (status KILLED). With stdin, the cell's input() reaches
         on_event as {"type": "input_request", "prompt", "password"}, answered by
-        `answer_input`; without, input() raises in the cell.
+        `answer_input`; without, input() raises in the cell. With pager, `obj?` reaches
+        on_event as {"type": "page", "text"} (a Jupyter client's pager) instead of stdout.
         """
         if not self.alive or self._writer is None:
             raise KernelDied(self.death or f"sandbox {self.id} is not running")
@@ -213,6 +215,8 @@ class KernelClient:
             message["silent"] = True
         if cell.stdin:
             message["stdin"] = True
+        if pager and on_event is not None:
+            message["pager"] = True
         self._writer.write(encode_frame(message))
         try:
             await asyncio.shield(cell.future)
@@ -337,6 +341,10 @@ class KernelClient:
                 data = _mime_bundle(message.get("data"))
                 cell.result.displays.append(data)
                 self._emit(cell, {"type": "display", "data": data})
+        elif op == "page":
+            text = message.get("text")
+            if cell is not None and cell.stage is not _Stage.KILLING and isinstance(text, str):
+                self._emit(cell, {"type": "page", "text": text[: cell.limit_chars]})
         elif op == "done":
             if cell is None:
                 raise InvalidMessage("end of a cell that was never sent")

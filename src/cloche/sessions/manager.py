@@ -157,6 +157,7 @@ class SessionManager(abc.ABC):
         track_files: bool = False,
         silent: bool = False,
         stdin: bool = False,
+        pager: bool = False,
     ) -> CellResult:
         """Run a cell in a session (queued behind the running one).
 
@@ -165,7 +166,8 @@ class SessionManager(abc.ABC):
         cell (the server's own setup) runs in a namespace of its own and is not counted.
         With stdin (and on_event), the cell's input() and getpass() send on_event an
         {"type": "input_request", "prompt", "password"} event, answered by `answer_input`;
-        without, they raise StdinNotImplementedError in the cell.
+        without, they raise StdinNotImplementedError in the cell. With pager (and on_event),
+        `obj?` sends on_event a {"type": "page", "text"} event instead of printing.
 
         Raises:
             SessionNotFound: unknown id, another owner's, or closed before the cell ran.
@@ -643,6 +645,7 @@ class LocalSessionManager(SessionManager):
         track_files: bool = False,
         silent: bool = False,
         stdin: bool = False,
+        pager: bool = False,
     ) -> CellResult:
         session = self._find(session_id, owner)
         limit = self.limits.cell_timeout_s
@@ -656,6 +659,7 @@ class LocalSessionManager(SessionManager):
                 track_files=track_files,
                 silent=silent,
                 stdin=stdin,
+                pager=pager,
             )
         except KernelDied as exc:
             self._forget(session, "lost")

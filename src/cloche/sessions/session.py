@@ -203,9 +203,10 @@ class Session:
         track_files: bool = False,
         silent: bool = False,
         stdin: bool = False,
+        pager: bool = False,
     ) -> CellResult:
         """Queue a cell behind the running one and run it (with stdin, its input() asks
-        on_event: see `KernelClient.execute`).
+        on_event; with pager, `obj?` goes to on_event: see `KernelClient.execute`).
 
         Raises:
             SessionBusy: max_queued cells are already waiting.
@@ -234,10 +235,15 @@ class Session:
             before = await self._snapshot() if track_files else None
             if self.gate is None:
                 result = await self.kernel.execute(
-                    code, timeout_s=timeout_s, on_event=on_event, silent=silent, stdin=stdin
+                    code,
+                    timeout_s=timeout_s,
+                    on_event=on_event,
+                    silent=silent,
+                    stdin=stdin,
+                    pager=pager,
                 )
             else:
-                result = await self._take_turn(code, timeout_s, on_event, silent, stdin)
+                result = await self._take_turn(code, timeout_s, on_event, silent, stdin, pager)
                 waited_s += result.queue_wait_s
             result.queue_wait_s = waited_s
             if before is not None and result.session_survived:
@@ -269,6 +275,7 @@ class Session:
         on_event: EventCallback | None,
         silent: bool,
         stdin: bool,
+        pager: bool,
     ) -> CellResult:
         """Run the cell in its turn at the gate; its wait is in the result's queue_wait_s.
 
@@ -296,7 +303,12 @@ class Session:
             async with self.gate.admitted(go_behind):
                 waited_s = time.perf_counter() - asked
                 result = await kernel.execute(
-                    code, timeout_s=timeout_s, on_event=on_event, silent=silent, stdin=stdin
+                    code,
+                    timeout_s=timeout_s,
+                    on_event=on_event,
+                    silent=silent,
+                    stdin=stdin,
+                    pager=pager,
                 )
         finally:
             if self._look is not None:

@@ -228,10 +228,15 @@ class GatewayKernel:
         if not silent:
             self.iopub("execute_input", {"code": code, "execution_count": count}, request)
 
+        pages: list[Content] = []  # `obj?`: IPython's page payloads, in execute_reply
+
         def on_event(event: dict[str, Any]) -> None:
             _release(held)
             kind = event.get("type")
-            if kind in ("stdout", "stderr"):
+            if kind == "page":
+                text = event.get("text", "")
+                pages.append({"source": "page", "data": {"text/plain": text}, "start": 0})
+            elif kind in ("stdout", "stderr"):
                 self.iopub("stream", {"name": kind, "text": event.get("text", "")}, request)
             elif kind == "display":
                 bundle = {"data": event.get("data", {}), "metadata": {}, "transient": {}}
@@ -248,12 +253,16 @@ class GatewayKernel:
                 timeout_s=self.gateway.timeouts.get(self.id),
                 on_event=None if silent else on_event,
                 stdin=content.get("allow_stdin") is True and not silent,
+                pager=True,
             )
         except ClocheError as exc:
             self.count = None
             return self._refused(request, exc, count, silent)
         self.count = result.execution_count if result.execution_count else None
-        return self._outcome(request, result, silent)
+        reply = self._outcome(request, result, silent)
+        if pages and reply["status"] == "ok":
+            reply["payload"] = pages
+        return reply
 
     def _outcome(self, request: Request, result: CellResult, silent: bool) -> Content:
         count = result.execution_count
