@@ -5,7 +5,8 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
 
     ClocheError
     ├── ConfigError                 a setting is invalid or the machine can't honour it
-    │   └── BackendUnavailable      runsc missing or unusable
+    │   ├── BackendUnavailable      runsc missing or unusable
+    │   └── EgressConfigError       an --egress-policy or --secrets file that can't be used
     ├── ProtocolError               a peer broke the wire format
     │   ├── IncompleteRead          the stream ended inside a frame
     │   ├── FrameTooLarge           a declared length is above the limit
@@ -24,6 +25,7 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── SessionBusy             its queue of waiting cells is full
     │   ├── TooManySessions         the server is at --max-sessions
     │   ├── UnknownProfile          no session profile of that name
+    │   ├── EgressRefused           egress asked beyond the server's policy (403)
     │   ├── SnapshotNotFound        unknown, deleted, or someone else's snapshot
     │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
     │   ├── CheckpointFailed        a session could not be saved (it keeps running)
@@ -60,6 +62,10 @@ class ConfigError(ClocheError):
 
 class BackendUnavailable(ConfigError):
     """The chosen sandbox backend can't run on this machine."""
+
+
+class EgressConfigError(ConfigError):
+    """An --egress-policy or --secrets file that can't be read or used."""
 
 
 class ProtocolError(ClocheError):
@@ -151,6 +157,11 @@ class TooManySessions(SessionError):
 
 class UnknownProfile(SessionError):
     """No session profile has that name."""
+
+
+class EgressRefused(SessionError):
+    """A session asked for egress its server's policy does not give: an unknown policy,
+    or a rule wider than the policy named."""
 
 
 class SnapshotNotFound(SessionError):

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from cloche.errors import (
     CheckpointFailed,
     ClocheError,
+    EgressRefused,
     ForkRefused,
     LLMBudgetExceeded,
     LLMError,
@@ -54,6 +55,7 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (TooManySessions, 429, "too_many_sessions"),
     (Unauthorized, 401, "unauthorized"),
     (UnknownProfile, 400, "invalid_request"),
+    (EgressRefused, 403, "egress_refused"),
     (SandboxError, 503, "unavailable"),
     (LLMUnavailable, 404, "llm_unavailable"),
     (LLMBudgetExceeded, 429, "llm_budget"),

@@ -1,0 +1,325 @@
+"""One session's door out: an HTTP proxy on a unix socket that only its sandbox reaches.
+
+Two kinds of request, as any HTTP client sends them to a proxy:
+- `CONNECT host:port` opens a tunnel (https, or any TCP the policy allows): TLS runs end to
+  end between the sandbox and the host named.
+- `GET http://host/path` (any method, absolute URI) is forwarded as `Connection: close`,
+  one request per connection, so that each request is checked on its own.
+
+Every connection is checked (`guard`), counted against the session's limits, and ends in
+one audit record. A refusal is an HTTP answer that says which host and which rule, in its
+body and in `X-Cloche-Egress`; never a tunnel that opens and carries nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cloche.egress import guard
+from cloche.egress.policy import Policy
+
+log = logging.getLogger("cloche.egress")
+
+HEAD_LIMIT_BYTES = 64 * 1024  # a request line and headers larger than this are refused
+HEAD_TIMEOUT_S = 30.0
+CHUNK_BYTES = 256 * 1024
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "upgrade"}
+)
+
+Record = dict[str, Any]
+
+
+class BadRequest(Exception):
+    """A request this proxy cannot read (HTTP 400)."""
+
+
+@dataclass
+class Usage:
+    """What one session's door has carried, against its policy's limits."""
+
+    open_connections: int = 0
+    bytes_total: int = 0
+    requests: collections.deque[float] = field(default_factory=collections.deque)
+
+    def over_rate(self, per_minute: int | None, now: float) -> bool:
+        while self.requests and self.requests[0] <= now - 60:
+            self.requests.popleft()
+        if per_minute is not None and len(self.requests) >= per_minute:
+            return True
+        self.requests.append(now)
+        return False
+
+
+class Door:
+    """The proxy of one session, listening on `path` (a unix socket in its sandbox's view).
+
+    Args:
+        session_id: whose door it is (in every record).
+        owner: the session owner's tag (a token's name or hash prefix), or None.
+        policy: what the session may reach.
+        record: called with each audit record (the server writes and counts them).
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        owner: str | None,
+        policy: Policy,
+        record: Callable[[Record], None],
+    ) -> None:
+        self.session_id = session_id
+        self.owner = owner
+        self.policy = policy
+        self.usage = Usage()
+        self._record = record
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.path: Path | None = None
+
+    async def open(self, path: Path) -> None:
+        """Listen on path (replacing a stale socket there); the sandbox's user may connect."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._server = await asyncio.start_unix_server(self._serve, path, limit=HEAD_LIMIT_BYTES)
+        os.chmod(path, 0o666)  # noqa: S103  # the sandbox's uid connects; only it sees the dir
+        self.path = path
+
+    async def close(self) -> None:
+        """Stop listening and end every connection in flight."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    # -- one connection ---------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        record: Record = {"session": self.session_id, "owner": self.owner}
+        started = time.monotonic()
+        try:
+            await self._exchange(reader, writer, record)
+        except asyncio.CancelledError:
+            record.setdefault("decision", "ended")
+            record["error"] = "the session's door was closed"
+        except Exception as exc:  # one connection's fault must not reach the others
+            log.exception("egress: session %s: a connection failed", self.session_id)
+            record.setdefault("decision", "error")
+            record["error"] = str(exc)
+        finally:
+            writer.close()
+            record["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
+            self._tasks.discard(task)
+            self._record(record)
+
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, record: Record
+    ) -> None:
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+            method, target, lines = _parse_head(head)
+            host, port, forward = _destination(method, target, lines)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
+            record["decision"] = "bad-request"
+            if not isinstance(exc, asyncio.IncompleteReadError) or exc.partial:
+                await _answer(writer, 400, "Bad Request", "no complete request head", None)
+            return
+        except BadRequest as exc:
+            record["decision"] = "bad-request"
+            await _answer(writer, 400, "Bad Request", str(exc), None)
+            return
+        record.update(host=host, port=port, method=method)
+        try:
+            self._admit(host, port)
+            destination = await guard.check(self.policy, host, port)
+            record["rule"] = destination.rule
+            upstream_reader, upstream, address = await guard.connect(self.policy, destination)
+        except guard.Refused as exc:
+            record.update(decision="refused", rule=exc.rule, reason=exc.reason)
+            status, phrase = (
+                (429, "Too Many Requests") if exc.reason == "limit" else (403, "Forbidden")
+            )
+            await _answer(writer, status, phrase, str(exc), exc)
+            return
+        except guard.Unreachable as exc:
+            record.update(decision="unreachable", error=str(exc))
+            await _answer(writer, 502, "Bad Gateway", str(exc), None)
+            return
+        record.update(decision="allowed", address=str(address))
+        self.usage.open_connections += 1
+        try:
+            if forward is None:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                upstream.write(forward)
+            await self._relay(
+                reader, writer, upstream_reader, upstream, record, forward is not None
+            )
+        finally:
+            self.usage.open_connections -= 1
+            upstream.close()
+
+    def _admit(self, host: str, port: int) -> None:
+        policy, usage = self.policy, self.usage
+        limit = None
+        if policy.max_connections is not None and usage.open_connections >= policy.max_connections:
+            limit = f"max_connections {policy.max_connections} (connections open at once)"
+        elif policy.max_bytes is not None and usage.bytes_total >= policy.max_bytes:
+            limit = f"max_bytes {policy.max_bytes} (bytes up and down in this session)"
+        elif usage.over_rate(policy.requests_per_minute, time.monotonic()):
+            limit = f"requests_per_minute {policy.requests_per_minute}"
+        if limit is not None:
+            raise guard.Refused(host, port, f"limit of policy {policy.name!r}: {limit}", "limit")
+
+    async def _relay(
+        self,
+        client_reader: asyncio.StreamReader,
+        client: asyncio.StreamWriter,
+        upstream_reader: asyncio.StreamReader,
+        upstream: asyncio.StreamWriter,
+        record: Record,
+        watch_status: bool,
+    ) -> None:
+        """Carry bytes both ways until the upstream is done, or the byte limit is reached."""
+        counted = {"up": 0, "down": 0}
+        over = asyncio.Event()
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, way: str) -> None:
+            first = way == "down" and watch_status
+            try:
+                while chunk := await source.read(CHUNK_BYTES):
+                    if first:
+                        record["status"] = _status_of(chunk)
+                        first = False
+                    counted[way] += len(chunk)
+                    self.usage.bytes_total += len(chunk)
+                    limit = self.policy.max_bytes
+                    if limit is not None and self.usage.bytes_total > limit:
+                        record["limit"] = f"max_bytes {limit} reached: the connection was ended"
+                        over.set()
+                        return
+                    sink.write(chunk)
+                    await sink.drain()
+                if sink.can_write_eof():
+                    sink.write_eof()
+            except (ConnectionError, OSError):
+                pass
+
+        pumps = [
+            asyncio.create_task(pump(client_reader, upstream, "up")),
+            asyncio.create_task(pump(upstream_reader, client, "down")),
+        ]
+        stopped = asyncio.create_task(over.wait())
+        try:
+            # Done when the upstream is (its last bytes passed on, the client told EOF):
+            # the client may keep its end open, and HTTP requests went as Connection: close.
+            await asyncio.wait([pumps[1], stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (*pumps, stopped):
+                task.cancel()
+            await asyncio.gather(*pumps, stopped, return_exceptions=True)
+            record["bytes_up"] = counted["up"]
+            record["bytes_down"] = counted["down"]
+
+
+# -- reading and answering requests ---------------------------------------------------------
+
+
+def _parse_head(head: bytes) -> tuple[str, str, list[str]]:
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError:  # pragma: no cover (latin-1 decodes any byte)
+        raise BadRequest("the request head is not text") from None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise BadRequest(f"not an HTTP/1.x request line: {lines[0][:200]!r}")
+    return parts[0].upper(), parts[1], [line for line in lines[1:] if line]
+
+
+def _destination(method: str, target: str, lines: list[str]) -> tuple[str, int, bytes | None]:
+    """(host, port, the head to send upstream, or None for a tunnel)."""
+    if method == "CONNECT":
+        host, port = _host_port(target, None)
+        return host, port, None
+    url = urllib.parse.urlsplit(target)
+    if url.scheme != "http" or not url.hostname:
+        raise BadRequest(
+            "this is cloche's egress proxy: send it absolute http:// URLs, or CONNECT "
+            f"host:port for anything else (got {target[:200]!r})"
+        )
+    try:
+        port = url.port or 80
+    except ValueError:
+        raise BadRequest(f"a bad port in {target[:200]!r}") from None
+    path = urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
+    headers = [line for line in lines if line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
+    if not any(line.lower().startswith("host:") for line in headers):
+        headers.insert(0, f"Host: {url.netloc.rpartition('@')[2]}")
+    head = "\r\n".join([f"{method} {path} HTTP/1.1", *headers, "Connection: close", "", ""])
+    return url.hostname, port, head.encode("latin-1")
+
+
+def _host_port(target: str, default: int | None) -> tuple[str, int]:
+    host, _, port_text = target.rpartition(":")
+    if not host or (host.count(":") and not host.startswith("[")):
+        raise BadRequest(f"CONNECT wants host:port, not {target[:200]!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise BadRequest(f"CONNECT wants host:port, not {target[:200]!r}") from None
+    if not 0 < port < 65536:
+        raise BadRequest(f"port {port} is out of range")
+    return host.strip("[]"), port
+
+
+def _status_of(chunk: bytes) -> int | None:
+    line = chunk.split(b"\r\n", 1)[0].split(b" ")
+    if len(line) >= 2 and line[0].startswith(b"HTTP/") and line[1].isdigit():
+        return int(line[1])
+    return None
+
+
+async def _answer(
+    writer: asyncio.StreamWriter,
+    status: int,
+    phrase: str,
+    text: str,
+    refused: guard.Refused | None,
+) -> None:
+    """A short HTTP answer from the proxy itself; the connection ends after it."""
+    body = (text + "\n").encode()
+    headers = [
+        f"HTTP/1.1 {status} {phrase}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if refused is not None:
+        rule = refused.rule.replace('"', "'")
+        headers.append(
+            f'X-Cloche-Egress: refused; host="{refused.host}"; port={refused.port}; '
+            f'reason={refused.reason}; rule="{rule}"'
+        )
+    writer.write("\r\n".join([*headers, "", ""]).encode("latin-1", "replace") + body)
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.drain()
