@@ -208,6 +208,20 @@ SERVE_OPTIONS = (
         "preload, pool, memory_mib)",
     ),
     _Option(
+        "--egress-policy",
+        Path,
+        None,
+        "TOML file of egress policies ([policies.NAME] allow, deny, limits): sessions reach "
+        "the hosts their policy names through a proxy on this host; without it, no network",
+    ),
+    _Option(
+        "--egress-audit",
+        Path,
+        None,
+        "where egress records go, a JSON line per connection (default: "
+        "<data-dir>/egress/audit.jsonl, rotated at 64 MiB)",
+    ),
+    _Option(
         "--packages",
         str,
         "on",
@@ -396,6 +410,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         llm=_llm_config(args),
         packages=_package_config(args),
         profiles_file=args.profiles,
+        egress_policy=args.egress_policy,
+        egress_audit=args.egress_audit,
         cluster=args.cluster,
         cluster_agent_port=args.cluster_agent_port,
         cluster_insecure=args.cluster_insecure,

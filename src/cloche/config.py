@@ -141,6 +141,9 @@ class ServerConfig:
     llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off
     packages: PackageConfig = field(default_factory=PackageConfig)
     profiles_file: Path | None = None  # --profiles: TOML of profiles built from requirements
+    # --egress-policy: TOML of named policies; sessions get egress only through it. None: none.
+    egress_policy: Path | None = None
+    egress_audit: Path | None = None  # JSON lines of egress; None: <data_dir>/egress/audit.jsonl
     # --cluster: sessions on the nodes of a Ray cluster (local:N, auto, HOST:PORT, ray://...);
     # None: in this process
     cluster: str | None = None

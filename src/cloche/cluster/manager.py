@@ -28,6 +28,7 @@ from cloche.config import ServerConfig
 from cloche.errors import (
     ClocheError,
     ConfigError,
+    EgressRefused,
     NodeNotFound,
     SandboxStartError,
     SessionLost,
@@ -38,7 +39,7 @@ from cloche.errors import (
 )
 from cloche.sandbox.files import FileListing
 from cloche.sessions.kernel import EventCallback
-from cloche.sessions.manager import InstalledPackages, SessionManager
+from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
 from cloche.sessions.observer import Observer
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
@@ -327,8 +328,14 @@ class ClusterSessionManager(SessionManager):
     # -- sessions --------------------------------------------------------------------------
 
     async def create(
-        self, owner: str | None = None, profile: str = "lean", snapshot: str | None = None
+        self,
+        owner: str | None = None,
+        profile: str = "lean",
+        snapshot: str | None = None,
+        egress: EgressAsk = None,
     ) -> SessionInfo:
+        if egress is not None:  # each node's agent would run its own doors: not built yet
+            raise EgressRefused("egress is not available in cluster mode yet")
         pinned: Node | None = None
         if snapshot is not None:
             pinned = await self._snapshot_node(snapshot)

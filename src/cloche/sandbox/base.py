@@ -60,6 +60,10 @@ class Sandbox(abc.ABC):
         # session), on its kernel's sys.path; None when the backend has none.
         self.site_dir: Path | None = None
         self.file_owner: tuple[int, int] | None = None  # (uid, gid) for files we put there
+        # Egress: the host directory where the session's door (a unix socket) goes, and its
+        # path as the kernel sees it; None when the server gives no egress.
+        self.door_dir: Path | None = None
+        self.door_inside: str | None = None
         self.limits = limits
         self.process: subprocess.Popen[bytes] | None = None
         self.exit_step: ExitStep | None = None

@@ -15,6 +15,7 @@ SANDBOX_GID = 10001
 WORKDIR = "/work"
 KERNEL_MOUNT = "/opt/cloche/cloche/kernel"
 RUNTIME_MOUNT = "/opt/cloche/site-packages"
+DOOR_MOUNT = "/run/cloche"  # egress: the session's door (a host unix socket) and CA bundle
 # The session's own packages (`%pip install`): writable, on the kernel's sys.path after the
 # runtime's, so that an install can add packages but never replace one the runtime has.
 SITE_MOUNT = "/opt/cloche/session-site"
@@ -50,7 +51,7 @@ class Mount:
 
 def build_rootfs(rootfs: Path, mounts: list[Mount]) -> None:
     """The skeleton root: merged-/usr symlinks, our own /etc, and empty mount points."""
-    fixed = (WORKDIR.strip("/"), RUNTIME_MOUNT[1:], SITE_MOUNT[1:])
+    fixed = (WORKDIR.strip("/"), RUNTIME_MOUNT[1:], SITE_MOUNT[1:], DOOR_MOUNT[1:])
     for name in ("usr", "etc", "tmp", "proc", "dev", "sys", *fixed):
         (rootfs / name).mkdir(parents=True, exist_ok=True)
     for link in ("bin", "lib", "lib64", "sbin"):

@@ -26,6 +26,7 @@ from cloche.sandbox.base import (
     log,
 )
 from cloche.sandbox.bundle import (
+    DOOR_MOUNT,
     KERNEL_MOUNT,
     RUNTIME_MOUNT,
     SANDBOX_GID,
@@ -101,6 +102,7 @@ class GVisorBackend(Backend):
                 "; ".join(cgroups.CGROUP_ONLY_LIMITS),
             )
         self.runsc.ignore_cgroups = not self.cgroups
+        self.runsc.host_uds = self.config.egress_policy is not None
         self.moves_behind = self.cgroups and cgroups.cpu_only_hierarchy() is not None
         super().prepare()
         # Empty cgroups of servers that died with their state elsewhere (rmdir can only
@@ -294,11 +296,17 @@ class GVisorSandbox(Sandbox):
             archive.unpack(self.seed, self.disk, SANDBOX_UID, SANDBOX_GID)
         bundle = self.home / "bundle"
         bundle.mkdir()
+        binds = self.mounts
+        if self.runsc.host_uds:  # the server has egress: every sandbox gets a door
+            self.door_dir = self.home / "door"
+            self.door_dir.mkdir(mode=0o755)
+            self.door_inside = DOOR_MOUNT
+            binds = [*binds, Mount(self.door_dir, DOOR_MOUNT)]
         config = oci_config(
             rootfs=backend.rootfs,
             args=self.command,
             workdir=self.workdir,
-            mounts=self.mounts,
+            mounts=binds,
             site_dir=self.site_dir,
             limits=self.limits,
             cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),

@@ -27,6 +27,9 @@ class Runsc:
         self.root = root
         self.platform = platform
         self.ignore_cgroups = False  # sandboxes without cgroups (and their limits)
+        # Egress: a sandbox may connect to a host unix socket in its mounts (its door, the
+        # only one it sees); off unless the server has --egress-policy.
+        self.host_uds = False
 
     @classmethod
     def find(cls, root: Path) -> Runsc:
@@ -69,6 +72,8 @@ class Runsc:
             args.append("--overlay2=none")  # writes go to the mounts we chose, nowhere else
         if self.ignore_cgroups:
             args.append("--ignore-cgroups")  # no writable cgroups (a container's default)
+        if self.host_uds:
+            args.append("--host-uds=open")
         return args
 
     def run_args(

@@ -17,6 +17,7 @@ from cloche.server.tcp import TCPFrontEnd
 from cloche.sessions.manager import LocalSessionManager
 
 if TYPE_CHECKING:
+    from cloche.egress.service import Egress
     from cloche.cluster.manager import ClusterSessionManager
 
 log = logging.getLogger("cloche.server")
@@ -34,6 +35,7 @@ class Server:
     def __init__(self, config: ServerConfig, backend: Backend | None = None) -> None:
         self.config = config
         self.backend: Backend | None = None
+        self.egress: Egress | None = None  # with --egress-policy
         self.manager: LocalSessionManager | ClusterSessionManager
         if config.cluster:  # sessions on the nodes of a Ray cluster: no sandbox here
             from cloche.cluster.manager import ClusterSessionManager
@@ -44,7 +46,14 @@ class Server:
         else:
             self.backend = backend or create_backend(config)
             self.metrics = Metrics()
-            self.manager = LocalSessionManager(config, self.backend, observer=self.metrics)
+            if config.egress_policy is not None:
+                from cloche.egress.service import Egress
+
+                audit = config.egress_audit or config.data_dir / "egress" / "audit.jsonl"
+                self.egress = Egress.load(config.egress_policy, audit, self.metrics.egress_record)
+            self.manager = LocalSessionManager(
+                config, self.backend, observer=self.metrics, egress=self.egress
+            )
             self.metrics.watch(self.manager)
         self.tcp = TCPFrontEnd(self.manager, config, self.metrics)
         self.http: HTTPFrontEnd | None = None
@@ -91,6 +100,8 @@ class Server:
             await self.http.stop()
         if self._http_task is not None:
             await asyncio.gather(self._http_task, return_exceptions=True)
+        if self.egress is not None:
+            self.egress.close()
         log.info("stopped")
 
     async def serve_forever(self) -> None:

@@ -209,6 +209,36 @@ class Metrics(Observer):
             "Kernel gateway websocket connections open now",
             registry=self.registry,
         )
+        # Egress: one record per connection through a session's door.
+        self.egress_connections = Counter(
+            "cloche_egress_connections",
+            "Connections through sessions' egress doors, by decision "
+            "(allowed, refused, unreachable, bad-request, error)",
+            ["decision"],
+            registry=self.registry,
+        )
+        self.egress_refusals = Counter(
+            "cloche_egress_refusals",
+            "Egress connections refused, by reason (denied, not-allowed, address, self, limit)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.egress_bytes = Counter(
+            "cloche_egress_bytes",
+            "Bytes carried by egress connections, by direction (up: to the host named)",
+            ["direction"],
+            registry=self.registry,
+        )
+
+    def egress_record(self, record: dict[str, Any]) -> None:
+        """Count one egress record (what `cloche.egress` writes to its audit file)."""
+        self.egress_connections.labels(record.get("decision", "error")).inc()
+        if record.get("decision") == "refused":
+            self.egress_refusals.labels(record.get("reason", "unknown")).inc()
+        for direction in ("up", "down"):
+            carried = record.get(f"bytes_{direction}", 0)
+            if carried:
+                self.egress_bytes.labels(direction).inc(carried)
 
     # -- what the layers below report (Observer) -------------------------------------------
 

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterable, Coroutine, Sequence
+from collections.abc import AsyncIterable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,11 +24,13 @@ from cloche.config import MIB, Limits, ServerConfig
 from cloche.errors import (
     CheckpointFailed,
     ClocheError,
+    EgressRefused,
     ForkRefused,
     KernelDied,
     NodeNotFound,
     PackageInstallError,
     RestoreRefused,
+    SandboxError,
     SandboxStartError,
     SessionLost,
     SessionMoved,
@@ -55,11 +57,17 @@ from cloche.sessions.session import Session, SessionInfo, SessionState, owner_ke
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
 
 if TYPE_CHECKING:
+    from cloche.egress.policy import Policy
+    from cloche.egress.proxy import Door
+    from cloche.egress.service import Egress
     from cloche.llm.broker import Broker
 
 log = logging.getLogger("cloche.session")
 
 InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
+EgressAsk = str | Mapping[str, Any] | None  # a policy's name, or {"policy", "allow"}
+DOOR_OPEN_TIMEOUT_S = 30.0
+_OPEN_DOOR = "from cloche.kernel import egress as _egress\n_egress.open_door({args})"
 STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
 PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
@@ -77,12 +85,19 @@ class SessionManager(abc.ABC):
 
     @abc.abstractmethod
     async def create(
-        self, owner: str | None = None, profile: str = "lean", snapshot: str | None = None
+        self,
+        owner: str | None = None,
+        profile: str = "lean",
+        snapshot: str | None = None,
+        egress: EgressAsk = None,
     ) -> SessionInfo:
         """A new session of a profile (`lean` or `data`), from its warm pool when it can;
-        or, given a snapshot id, a new session restored from that snapshot.
+        or, given a snapshot id, a new session restored from that snapshot. `egress` asks
+        for a policy of the server's (a name, or {policy, allow} to narrow one); nothing
+        asked gets the server's `default` policy, if it has one.
 
         Raises:
+            EgressRefused: an unknown policy, a rule wider than it, or no egress here.
             UnknownProfile: no profile of that name.
             TooManySessions: the server is at --max-sessions.
             SandboxStartError: no sandbox could be started.
@@ -297,9 +312,15 @@ class LocalSessionManager(SessionManager):
     server's metrics; by default nobody)."""
 
     def __init__(
-        self, config: ServerConfig, backend: Backend, observer: Observer | None = None
+        self,
+        config: ServerConfig,
+        backend: Backend,
+        observer: Observer | None = None,
+        egress: Egress | None = None,
     ) -> None:
         self.config = config
+        self.egress = egress  # the server's egress policies and the sessions' doors
+        self._doors: dict[str, Door] = {}  # by session id
         self.backend = backend
         self.limits = config.limits
         llm_setup = ""
@@ -472,11 +493,55 @@ class LocalSessionManager(SessionManager):
     # -- creating and finding ---------------------------------------------------------------
 
     async def create(
-        self, owner: str | None = None, profile: str = "lean", snapshot: str | None = None
+        self,
+        owner: str | None = None,
+        profile: str = "lean",
+        snapshot: str | None = None,
+        egress: EgressAsk = None,
     ) -> SessionInfo:
+        policy = self._egress_for(egress)
         if snapshot is not None:
-            return (await self._from_snapshot(snapshot, owner)).info()
-        return (await self._create(owner, profile)).info()
+            session = await self._from_snapshot(snapshot, owner)
+        else:
+            session = await self._create(owner, profile)
+        if policy is not None:
+            try:
+                await self._open_door(session, policy)
+            except BaseException:
+                self._remove(session, "lost")
+                await self._close(session, "lost")
+                raise
+        return session.info()
+
+    def _egress_for(self, asked: EgressAsk) -> Policy | None:
+        if self.egress is None:
+            if asked is not None:
+                raise EgressRefused(
+                    "this server gives sessions no egress (start it with --egress-policy)"
+                )
+            return None
+        return self.egress.policy_for(asked)
+
+    async def _open_door(self, session: Session, policy: Policy) -> None:
+        """Open the session's door on the host, and its end in the sandbox (a silent cell:
+        the proxy address on the sandbox's loopback and the proxy variables)."""
+        assert self.egress is not None and session.kernel is not None
+        sandbox = session.kernel.sandbox
+        if sandbox.door_dir is None or sandbox.door_inside is None:
+            raise EgressRefused("this session's sandbox has no door for egress")
+        door = await self.egress.open_door(
+            session.id, _owner_tag(session.owner_key), policy, sandbox.door_dir
+        )
+        self._doors[session.id] = door
+        session.egress = policy
+        inside = sandbox.door_inside
+        args = f"door={inside + '/door.sock'!r}, ca_bundle={inside + '/ca.pem'!r}"
+        result = await session.kernel.execute(
+            _OPEN_DOOR.format(args=args), timeout_s=DOOR_OPEN_TIMEOUT_S, silent=True
+        )
+        if result.status is not CellStatus.OK:
+            why = result.error["evalue"] if result.error else result.message
+            raise SandboxError(f"session {session.id}: its egress did not open: {why}")
 
     async def _create(self, owner: str | None, profile: str = "lean") -> Session:
         pool = await self._pool(profile)
@@ -1106,6 +1171,9 @@ class LocalSessionManager(SessionManager):
         self.observer.session_closed(reason)
 
     async def _close(self, session: Session, reason: str) -> None:
+        door = self._doors.pop(session.id, None)
+        if door is not None:
+            await door.close()
         step = await session.close(reason)
         await asyncio.to_thread(self.store.remove, self.store.session_dir(session.id))
         log.info(
@@ -1209,6 +1277,8 @@ class LocalSessionManager(SessionManager):
             return_exceptions=True,
         )
         await asyncio.gather(*self._closing, return_exceptions=True)
+        await asyncio.gather(*(door.close() for door in self._doors.values()))
+        self._doors.clear()
         await asyncio.to_thread(self.backend.shutdown)
         self.store.close()
         if self.llm is not None:

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB
 from cloche.errors import KernelDied, SessionBusy
@@ -17,6 +18,9 @@ from cloche.sandbox.files import Snapshot, WorkdirFiles, changed
 from cloche.sessions.gate import CellGate
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.result import CellResult, CellStatus
+
+if TYPE_CHECKING:
+    from cloche.egress.policy import Policy
 
 # A working directory this small is walked on the event loop: ~1 µs an entry.
 _INLINE_WALK_ENTRIES = 64
@@ -65,6 +69,7 @@ class SessionInfo:
     execution_count: int
     queued_cells: int
     profile: str
+    egress: dict[str, Any] | None = None  # the policy it was given ({policy, allow?}), if any
 
 
 class Session:
@@ -86,6 +91,7 @@ class Session:
     ) -> None:
         self.id = session_id
         self.gate = gate
+        self.egress: Policy | None = None  # what it may reach (a door is opened for it)
         self.behind = False  # its sandbox runs behind the others: its cells run long
         self._look: asyncio.TimerHandle | None = None  # at the CPU use of a cell running long
         self.profile = profile
@@ -137,6 +143,7 @@ class Session:
             execution_count=self.execution_count,
             queued_cells=self._waiting,
             profile=self.profile,
+            egress=self.egress.describe() if self.egress is not None else None,
         )
 
     @property

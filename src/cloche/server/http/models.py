@@ -48,6 +48,16 @@ class TerrariumResponse(BaseModel):
     error: TerrariumError | None = None
 
 
+class EgressAsk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str = Field(default="default", max_length=200, description="A policy's name")
+    allow: list[str] | None = Field(
+        default=None,
+        max_length=1000,
+        description="Rules such as 'api.github.com:443', each inside the policy's",
+    )
+
+
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     profile: str = Field(
@@ -75,6 +85,12 @@ class SessionCreate(BaseModel):
         description="Restore this snapshot (its variables, imports, files) into the new "
         "session; its profile is the snapshot's",
     )
+    egress: str | EgressAsk | None = Field(
+        default=None,
+        description="Network egress: the name of one of the server's policies "
+        "(--egress-policy), or {policy, allow} to narrow one to fewer hosts. Nothing: the "
+        "server's `default` policy, if it has one; without it, no network",
+    )
 
 
 class SessionLimits(BaseModel):
@@ -94,6 +110,9 @@ class SessionOut(BaseModel):
     created_at: str = Field(description="ISO 8601, UTC")
     expires_at: str = Field(description="When it will be closed if left idle (ISO 8601, UTC)")
     execution_count: int
+    egress: dict[str, Any] | None = Field(
+        default=None, description="The egress policy it was given ({policy, allow?})"
+    )
     limits: SessionLimits
 
 

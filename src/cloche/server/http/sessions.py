@@ -20,6 +20,7 @@ from cloche.llm.context import put_context_value
 from cloche.protocol.paths import normalise
 from cloche.server.http.auth import owner_of
 from cloche.server.http.models import (
+    EgressAsk,
     ErrorBody,
     ExecuteRequest,
     ExecuteResponse,
@@ -62,6 +63,7 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
         "created_at": _iso(info.created_at),
         "expires_at": _iso(expires),
         "execution_count": info.execution_count,
+        "egress": info.egress,
         "limits": {
             "cell_timeout_s": timeout_s,
             "memory_mib": limits.memory_mib,
@@ -98,7 +100,9 @@ async def create_session(
         raise UnknownProfile(
             "a session restored from a snapshot takes the snapshot's profile: leave out profile"
         )
-    info = await manager.create(owner, profile=body.profile, snapshot=body.snapshot)
+    egress = body.egress
+    asked = egress.model_dump(exclude_none=True) if isinstance(egress, EgressAsk) else egress
+    info = await manager.create(owner, profile=body.profile, snapshot=body.snapshot, egress=asked)
     try:
         await manager.write_files(info.id, inputs, owner)
         if body.env:

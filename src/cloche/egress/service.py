@@ -1,0 +1,99 @@
+"""Egress for a server: its policies, the doors of its sessions, and where records go.
+
+Handed to the session manager by the server (as metrics are): the manager asks it for a
+session's policy when the session is made, and for a door when the session's sandbox runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import ssl
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cloche.egress.policy import EgressConfig, Policy
+from cloche.egress.proxy import Door, Record
+
+log = logging.getLogger("cloche.egress")
+
+AUDIT_MAX_BYTES = 64 * 1024 * 1024  # an audit file is rotated at this size
+AUDIT_BACKUPS = 4
+DOOR_SOCKET = "door.sock"  # in a sandbox's door directory (`/run/cloche` inside)
+CA_BUNDLE = "ca.pem"
+
+
+class Egress:
+    """Args:
+    config: the server's ceiling (--egress-policy).
+    audit_path: where records go, one JSON object per line (rotated by size).
+    report: also told of every record (the server's metrics).
+    """
+
+    def __init__(
+        self,
+        config: EgressConfig,
+        audit_path: Path,
+        report: Callable[[Record], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._report = report
+        audit_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        handler = logging.handlers.RotatingFileHandler(
+            audit_path, maxBytes=AUDIT_MAX_BYTES, backupCount=AUDIT_BACKUPS, encoding="utf-8"
+        )
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        self._audit = logging.Logger("cloche.egress.audit")  # not the root's: its own file
+        self._audit.addHandler(handler)
+        self._audit.propagate = False
+        self.audit_path = audit_path
+        self.ca_bundle = _ca_bundle(config.upstream_ca_file)
+
+    @classmethod
+    def load(
+        cls, policy_file: Path, audit_path: Path, report: Callable[[Record], None] | None = None
+    ) -> Egress:
+        return cls(EgressConfig.load(policy_file), audit_path, report)
+
+    def policy_for(self, asked: str | Mapping[str, Any] | None) -> Policy | None:
+        """What a session gets for what it asked (None: no egress). Raises EgressRefused."""
+        return self.config.resolve(asked)
+
+    async def open_door(
+        self, session_id: str, owner: str | None, policy: Policy, directory: Path
+    ) -> Door:
+        """The session's door, listening in its sandbox's door directory, with the CAs an
+        https client inside should trust beside it."""
+        door = Door(session_id, owner, policy, self.record)
+        (directory / CA_BUNDLE).write_bytes(self.ca_bundle)
+        await door.open(directory / DOOR_SOCKET)
+        return door
+
+    def record(self, record: Record) -> None:
+        self._audit.info(json.dumps(record, default=str))
+        if self._report is not None:
+            self._report(record)
+
+    def close(self) -> None:
+        for handler in list(self._audit.handlers):
+            handler.close()
+            self._audit.removeHandler(handler)
+
+
+def _ca_bundle(upstream_ca_file: Path | None) -> bytes:
+    """The system's CAs, then the policy's upstream_ca_file (a sandbox has no CA store)."""
+    paths = ssl.get_default_verify_paths()
+    parts = []
+    for candidate in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            parts.append(Path(candidate).read_bytes())
+            break
+    else:
+        import certifi
+
+        parts.append(Path(certifi.where()).read_bytes())
+    if upstream_ca_file is not None:
+        parts.append(upstream_ca_file.read_bytes())
+    return b"\n".join(parts)

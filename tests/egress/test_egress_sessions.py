@@ -1,0 +1,278 @@
+"""Sessions in real gVisor sandboxes reach what their policy names, through their door.
+
+The upstreams are servers of this test on 127.0.0.2 (the sandbox's own 127.0.0.1 is its
+loopback, and NO_PROXY keeps it there), allowed by address in the server's ceiling: an
+HTTP one and an HTTPS one whose certificate comes from a CA of the test's own
+(`upstream_ca_file`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.server as http_server
+import ipaddress
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from support import ServerThread, make_config, require_gvisor
+
+UPSTREAM_HOST = "127.0.0.2"
+
+
+class _Handler(http_server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = json.dumps({"path": self.path, "host": self.headers.get("Host")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class Upstream:
+    """An HTTP (or, given a context, HTTPS) server on 127.0.0.2, in a thread."""
+
+    def __init__(self, context: ssl.SSLContext | None = None) -> None:
+        self.server = http_server.ThreadingHTTPServer((UPSTREAM_HOST, 0), _Handler)
+        if context is not None:
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def _test_ca(directory: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA (its certificate in a file) and a server context with a certificate it signed
+    for 127.0.0.2."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cloche test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, UPSTREAM_HOST)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(UPSTREAM_HOST))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_file = directory / "test-ca.pem"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    chain = directory / "server.pem"
+    chain.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain)
+    return ca_file, context
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Two upstreams, a policy file naming them, and a gVisor server with it."""
+    require_gvisor()
+    base = tmp_path_factory.mktemp("egress")
+    ca_file, context = _test_ca(base)
+    plain, secure = Upstream(), Upstream(context)
+    policy = base / "egress.toml"
+    policy.write_text(
+        f'upstream_ca_file = "{ca_file}"\n'
+        "[policies.test]\n"
+        f'allow = ["{UPSTREAM_HOST}:{plain.port}", "{UPSTREAM_HOST}:{secure.port}", '
+        '"example.invalid:443"]\n'
+        "[policies.small]\n"
+        f'allow = ["{UPSTREAM_HOST}:{plain.port}"]\n'
+        "max_connections = 1\n"
+    )
+    audit = base / "audit.jsonl"
+    config = make_config(base / "state", egress_policy=policy, egress_audit=audit)
+    try:
+        with ServerThread(config) as server:
+            yield {"server": server, "plain": plain, "secure": secure, "audit": audit}
+    finally:
+        plain.close()
+        secure.close()
+
+
+@pytest.fixture
+def http(world: dict[str, Any]) -> Iterator[httpx.Client]:
+    server: ServerThread = world["server"]
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as client:
+        yield client
+
+
+def run(http: httpx.Client, session: str, code: str) -> dict[str, Any]:
+    answer = http.post(f"/v1/sessions/{session}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+def new_session(http: httpx.Client, egress: Any = None) -> str:
+    body = {} if egress is None else {"egress": egress}
+    made = http.post("/v1/sessions", json=body)
+    assert made.status_code == 201, made.text
+    session: str = made.json()["id"]
+    return session
+
+
+FETCH = """
+import json, os, ssl, urllib.request, urllib.error
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("X-Cloche-Egress"), exc.read().decode()
+    except urllib.error.URLError as exc:  # a refused CONNECT: "Tunnel connection failed"
+        return "tunnel", str(exc.reason)
+"""
+
+
+def test_a_session_fetches_what_its_policy_names_over_http_and_https(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    session = new_session(http, "test")
+    assert http.get(f"/v1/sessions/{session}").json()["egress"] == {"policy": "test"}
+    plain, secure = world["plain"].port, world["secure"].port
+    result = run(
+        http,
+        session,
+        FETCH
+        + f"print(fetch('http://{UPSTREAM_HOST}:{plain}/a?b=1'))\n"
+        + f"print(fetch('https://{UPSTREAM_HOST}:{secure}/tls'))\n"
+        + "print(os.environ['HTTPS_PROXY'], os.environ['NO_PROXY'])",
+    )
+    assert result["status"] == "ok", result
+    lines = result["stdout"].splitlines()
+    assert lines[0] == str((200, {"path": "/a?b=1", "host": f"{UPSTREAM_HOST}:{plain}"}))
+    assert lines[1] == str((200, {"path": "/tls", "host": f"{UPSTREAM_HOST}:{secure}"}))
+    assert lines[2] == "http://127.0.0.1:3128 localhost,127.0.0.1,::1"
+    records = [json.loads(line) for line in world["audit"].read_text().splitlines()]
+    mine = [r for r in records if r["session"] == session]
+    assert {(r["decision"], r["port"], r["method"]) for r in mine} >= {
+        ("allowed", plain, "GET"),
+        ("allowed", secure, "CONNECT"),
+    }
+
+
+def test_refusals_reach_the_cell_with_the_rule_named(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    session = new_session(http, "test")
+    plain = world["plain"].port
+    result = run(
+        http,
+        session,
+        FETCH
+        + "print(fetch('http://169.254.169.254/latest/meta-data/'))\n"
+        + f"print(fetch('http://{UPSTREAM_HOST}:{plain + 1}/'))\n"  # a port not named
+        + "print(fetch('http://example.com/'))\n",
+    )
+    assert result["status"] == "ok", result
+    for line in result["stdout"].splitlines():
+        status, header, body = eval(line)  # noqa: S307  # the tuples printed above
+        assert status == 403 and header.startswith("refused;") and "no allow rule" in body
+
+
+def test_a_session_that_asks_for_nothing_has_no_network(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    session = new_session(http)  # the ceiling has no `default` policy
+    assert http.get(f"/v1/sessions/{session}").json()["egress"] is None
+    plain = world["plain"].port
+    result = run(
+        http,
+        session,
+        "import os, socket\nprint(os.environ.get('HTTP_PROXY'))\n"
+        f"try:\n    socket.create_connection(('{UPSTREAM_HOST}', {plain}), timeout=5)\n"
+        "except OSError as exc:\n    print('refused', type(exc).__name__)\n",
+    )
+    assert result["stdout"].splitlines()[0] == "None"
+    assert result["stdout"].splitlines()[1].startswith("refused")
+
+
+def test_asking_for_more_than_the_ceiling_is_403(http: httpx.Client) -> None:
+    wider = http.post(
+        "/v1/sessions", json={"egress": {"policy": "small", "allow": ["example.invalid:443"]}}
+    )
+    assert wider.status_code == 403
+    assert "wider than policy 'small'" in wider.json()["error"]["message"]
+    unknown = http.post("/v1/sessions", json={"egress": "nope"})
+    assert unknown.status_code == 403 and "unknown egress policy" in unknown.text
+
+
+def test_a_narrowed_policy_and_its_connection_limit(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    plain = world["plain"].port
+    session = new_session(http, {"policy": "test", "allow": [f"{UPSTREAM_HOST}:{plain}"]})
+    assert http.get(f"/v1/sessions/{session}").json()["egress"] == {
+        "policy": "test",
+        "allow": [f"{UPSTREAM_HOST}:{plain}"],
+    }
+    secure = world["secure"].port
+    result = run(http, session, FETCH + f"print(fetch('https://{UPSTREAM_HOST}:{secure}/')[0])\n")
+    assert result["stdout"].strip() == "tunnel", result
+    small = new_session(http, "small")
+    held = (
+        "import socket\nheld = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"held.sendall(b'CONNECT {UPSTREAM_HOST}:{plain} HTTP/1.1\\r\\n\\r\\n')\n"
+        "print(held.recv(100).split(b'\\r\\n')[0])\n"
+    )
+    first = run(http, small, held)
+    assert first["stdout"].strip() == "b'HTTP/1.1 200 Connection established'", first
+    second = run(http, small, FETCH + f"print(fetch('http://{UPSTREAM_HOST}:{plain}/')[:2])")
+    assert "429" in second["stdout"] and "max_connections 1" in second["stdout"], second
+    # Once the held connection is closed, its place is free again (the host sees the close
+    # a moment later: the cell asks until it is, within a deadline).
+    third = run(
+        http,
+        small,
+        FETCH
+        + "held.close()\nimport time\ndeadline = time.monotonic() + 30\n"
+        + f"while (status := fetch('http://{UPSTREAM_HOST}:{plain}/x')[0]) == 429:\n"
+        + "    assert time.monotonic() < deadline\nprint(status)\n",
+    )
+    assert third["stdout"].strip() == "200", third
