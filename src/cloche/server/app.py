@@ -17,8 +17,8 @@ from cloche.server.tcp import TCPFrontEnd
 from cloche.sessions.manager import LocalSessionManager
 
 if TYPE_CHECKING:
-    from cloche.egress.service import Egress
     from cloche.cluster.manager import ClusterSessionManager
+    from cloche.egress.service import Egress
 
 log = logging.getLogger("cloche.server")
 
