@@ -276,3 +276,66 @@ def test_a_narrowed_policy_and_its_connection_limit(
         + "    assert time.monotonic() < deadline\nprint(status)\n",
     )
     assert third["stdout"].strip() == "200", third
+
+
+def test_the_policy_travels_with_pause_snapshot_fork_and_restart(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    plain = world["plain"].port
+    fetch = FETCH + f"print(fetch('http://{UPSTREAM_HOST}:{plain}/again')[0])\n"
+    narrowed = {"policy": "test", "allow": [f"{UPSTREAM_HOST}:{plain}"]}
+    session = new_session(http, narrowed)
+    assert run(http, session, "kept = 41\n" + fetch)["stdout"].strip() == "200"
+
+    assert http.post(f"/v1/sessions/{session}/pause").status_code == 200
+    assert http.get(f"/v1/sessions/{session}").json()["state"] == "paused"
+    resumed = run(http, session, "kept += 1\nprint(kept)\n" + fetch)
+    assert resumed["stdout"].split() == ["42", "200"], resumed
+    assert http.get(f"/v1/sessions/{session}").json()["egress"] == narrowed
+
+    snapshot = http.post(f"/v1/sessions/{session}/snapshot", json={})
+    assert snapshot.status_code == 201, snapshot.text
+    restored = http.post("/v1/sessions", json={"snapshot": snapshot.json()["id"]})
+    assert restored.status_code == 201, restored.text
+    assert restored.json()["egress"] == narrowed
+    assert run(http, restored.json()["id"], fetch)["stdout"].strip() == "200"
+
+    copies = http.post(f"/v1/sessions/{session}/fork", json={"count": 2})
+    assert copies.status_code == 201, copies.text
+    for copy in copies.json()["sessions"]:
+        assert copy["egress"] == narrowed
+        assert run(http, copy["id"], "print(kept)\n" + fetch)["stdout"].split() == ["42", "200"]
+
+    assert http.post(f"/v1/sessions/{session}/restart").status_code == 200
+    again = run(http, session, "print('kept' in globals())\n" + fetch)
+    assert again["stdout"].split() == ["False", "200"], again
+    records = [json.loads(line) for line in world["audit"].read_text().splitlines()]
+    ids = {session, restored.json()["id"], *(c["id"] for c in copies.json()["sessions"])}
+    assert {r["session"] for r in records if r.get("path") is None} >= ids
+
+
+def test_a_pause_with_a_tunnel_open_ends_it_and_the_session_goes_on(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    plain = world["plain"].port
+    session = new_session(http, "test")
+    opened = run(
+        http,
+        session,
+        "import socket\nheld = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"held.sendall(b'CONNECT {UPSTREAM_HOST}:{plain} HTTP/1.1\\r\\n\\r\\n')\n"
+        "print(held.recv(100).split(b'\\r\\n')[0])\n",
+    )
+    assert opened["stdout"].strip() == "b'HTTP/1.1 200 Connection established'", opened
+    paused = http.post(f"/v1/sessions/{session}/pause")
+    assert paused.status_code == 200, paused.text
+    after = run(
+        http,
+        session,
+        "held.settimeout(30)\ntry:\n    print('ended', held.recv(100))\n"
+        "except OSError as exc:\n    print('ended', type(exc).__name__)\n"
+        + FETCH
+        + f"print(fetch('http://{UPSTREAM_HOST}:{plain}/after')[0])\n",
+    )
+    assert after["stdout"].split("\n")[0].startswith("ended"), after
+    assert after["stdout"].split()[-1] == "200", after

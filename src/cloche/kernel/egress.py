@@ -20,7 +20,7 @@ DOOR = "/run/cloche/door.sock"
 CA_BUNDLE = "/run/cloche/ca.pem"  # the CAs an https client here trusts, when present
 PORT = 3128
 _BUFFER_BYTES = 256 * 1024  # read no more from one side while this much waits for the other
-_listening: socket.socket | None = None
+_relay: _Relay | None = None
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 _CA_VARIABLES = (
     "SSL_CERT_FILE",
@@ -33,16 +33,15 @@ _CA_VARIABLES = (
 
 def open_door(port: int = PORT, door: str = DOOR, ca_bundle: str = CA_BUNDLE) -> str:
     """Listen for proxy connections (once) and point the proxy variables at them."""
-    global _listening
-    if _listening is None:
+    global _relay
+    if _relay is None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", port))
         listener.listen(128)
         listener.setblocking(False)
-        relay = _Relay(listener, door)
-        threading.Thread(target=relay.run, name="cloche-egress", daemon=True).start()
-        _listening = listener
+        _relay = _Relay(listener, door)
+        threading.Thread(target=_relay.run, name="cloche-egress", daemon=True).start()
     url = f"http://127.0.0.1:{port}"
     for name in _PROXY_VARIABLES:
         os.environ[name] = os.environ[name.lower()] = url
@@ -53,6 +52,14 @@ def open_door(port: int = PORT, door: str = DOOR, ca_bundle: str = CA_BUNDLE) ->
     return url
 
 
+def drop_connections(timeout_s: float = 10.0) -> int:
+    """End every connection in flight (before a checkpoint: gVisor cannot save a socket
+    connected to the host); the number ended. New ones are taken as before."""
+    if _relay is None:
+        return 0
+    return _relay.drop(timeout_s)
+
+
 class _Pipe:
     """One direction of a connection: bytes read from `source` wait here for `sink`."""
 
@@ -60,6 +67,7 @@ class _Pipe:
         self.source = source
         self.sink = sink
         self.waiting = bytearray()
+        self.from_door = source.family == socket.AF_UNIX  # bytes the host sends back
         self.ended = False  # the source said EOF (or failed)
         self.eof_sent = False  # ... and the sink was told, once all had been sent
 
@@ -72,15 +80,37 @@ class _Relay:
         self.door = door
         self.selector = selectors.DefaultSelector()
         self.pipes: dict[socket.socket, tuple[_Pipe, _Pipe]] = {}  # by socket: (from, to)
+        # drop(), from another thread: a byte on the waker; the relay ends every connection
+        # and says how many on `dropped`.
+        self._waker, self._wake = socket.socketpair()
+        self._lock = threading.Lock()
+        self._dropped: list[int] = []
+        self._done = threading.Event()
+
+    def drop(self, timeout_s: float) -> int:
+        with self._lock:
+            self._done.clear()
+            self._wake.send(b"x")
+            if not self._done.wait(timeout_s):
+                raise TimeoutError("the egress relay did not end its connections")
+            return self._dropped.pop()
 
     def run(self) -> None:
         self.selector.register(self.listener, selectors.EVENT_READ)
+        self.selector.register(self._waker, selectors.EVENT_READ)
         while True:
             for key, _events in self.selector.select():
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
                 if sock is self.listener:
                     self._accept()
+                elif sock is self._waker:
+                    self._waker.recv(64)
+                    count = len(self.pipes) // 2
+                    for end in list(self.pipes):
+                        self._close(end)
+                    self._dropped.append(count)
+                    self._done.set()
                 elif sock in self.pipes:
                     self._move(sock)
 
@@ -141,6 +171,9 @@ class _Relay:
                 pipe.sink.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+        if pipe.eof_sent and pipe.from_door:  # the host is done: so is the connection
+            self._close(pipe.sink)
+            return
         if pipe.eof_sent:
             other = self.pipes.get(pipe.sink)
             if other is not None and other[0].ended and not other[0].waiting:

@@ -68,6 +68,7 @@ InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
 EgressAsk = str | Mapping[str, Any] | None  # a policy's name, or {"policy", "allow"}
 DOOR_OPEN_TIMEOUT_S = 30.0
 _OPEN_DOOR = "from cloche.kernel import egress as _egress\n_egress.open_door({args})"
+_DROP_CONNECTIONS = "from cloche.kernel import egress as _egress\n_egress.drop_connections()"
 STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
 PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
@@ -501,6 +502,8 @@ class LocalSessionManager(SessionManager):
     ) -> SessionInfo:
         policy = self._egress_for(egress)
         if snapshot is not None:
+            if egress is None:  # the snapshot's own, as it was taken
+                policy = self._policy_again(self._snapshot(snapshot, owner).egress, snapshot)
             session = await self._from_snapshot(snapshot, owner)
         else:
             session = await self._create(owner, profile)
@@ -529,6 +532,7 @@ class LocalSessionManager(SessionManager):
         sandbox = session.kernel.sandbox
         if sandbox.door_dir is None or sandbox.door_inside is None:
             raise EgressRefused("this session's sandbox has no door for egress")
+        await self._close_door(session.id)
         door = await self.egress.open_door(
             session.id, _owner_tag(session.owner_key), policy, sandbox.door_dir
         )
@@ -596,7 +600,21 @@ class LocalSessionManager(SessionManager):
             gate=self.gate,
         )
         session.waker = self._wake
+        session.egress = self._policy_again(record.egress, record.id)
         return session
+
+    def _policy_again(self, described: dict[str, Any] | None, of: str) -> Policy | None:
+        """A session's (or snapshot's) egress policy as recorded, under today's ceiling: one
+        the ceiling no longer gives is dropped (no egress), and said so."""
+        if described is None:
+            return None
+        try:
+            if self.egress is None:
+                raise EgressRefused("this server has no --egress-policy")
+            return self.egress.policy_for(described)
+        except EgressRefused as exc:
+            log.warning("session %s loses its egress %s: %s", of, described, exc)
+            return None
 
     def _equip(self, session: Session, kernel: KernelClient) -> None:
         """Give a session's kernel what its cells reach through the channel: the LLM broker
@@ -623,6 +641,7 @@ class LocalSessionManager(SessionManager):
             last_active=info.last_active,
             execution_count=session.execution_count,
             state=state,
+            egress=session.egress.describe() if session.egress is not None else None,
             origin=origin,
         )
 
@@ -774,6 +793,8 @@ class LocalSessionManager(SessionManager):
         finally:
             for kernel in old:  # the old interpreter, stopped as a closed session's is
                 await kernel.close(why=f"session {session_id} was restarted")
+        if session.egress is not None:  # a fresh interpreter: its end of the door again
+            await self._open_door(session, session.egress)
         self.store.save(self._record(session, RecordState.LIVE))
         log.info("session restart id=%s sandbox=%s", session.id, fresh.id)
         return session.info()
@@ -861,7 +882,7 @@ class LocalSessionManager(SessionManager):
             assert session.kernel is not None
             started = time.perf_counter()
             home = self.store.session_dir(session.id)
-            size = await self.checkpoints.save(session.kernel, home)
+            size = await self._checkpoint(session, home, keeps_running=False)
             self.store.save(
                 self._record(session, RecordState.PAUSED, self._origin_of(session.profile))
             )
@@ -912,6 +933,8 @@ class LocalSessionManager(SessionManager):
             self._creating -= 1
         self._equip(session, kernel)
         session.attach(kernel)
+        if session.egress is not None:
+            await self._open_door(session, session.egress)
         self.store.save(self._record(session, RecordState.LIVE))
         await asyncio.to_thread(self.checkpoints.discard, home)
         seconds = time.perf_counter() - started
@@ -947,8 +970,7 @@ class LocalSessionManager(SessionManager):
                 )
                 origin = (await asyncio.to_thread(self._session_record, session.id)).origin
             else:
-                assert session.kernel is not None
-                size = await self.checkpoints.save(session.kernel, home)
+                size = await self._checkpoint(session, home, keeps_running=True)
                 origin = self._origin_of(session.profile)
             record = SnapshotRecord(
                 id=snapshot_id,
@@ -960,6 +982,7 @@ class LocalSessionManager(SessionManager):
                 execution_count=session.execution_count,
                 size_bytes=size,
                 origin=origin,
+                egress=session.egress.describe() if session.egress is not None else None,
             )
             self.store.save(record)
             self._snapshots[snapshot_id] = record
@@ -1056,8 +1079,7 @@ class LocalSessionManager(SessionManager):
                 )
                 origin = (await asyncio.to_thread(self._session_record, session.id)).origin
             else:
-                assert session.kernel is not None
-                size = await self.checkpoints.save(session.kernel, home)
+                size = await self._checkpoint(session, home, keeps_running=True)
                 self.observer.fork_image_saved(size)
 
         made: list[Session] = []
@@ -1082,6 +1104,9 @@ class LocalSessionManager(SessionManager):
             failed = [k for k in kernels if isinstance(k, BaseException)]
             if failed:
                 raise failed[0]
+            if session.egress is not None:  # each copy gets a door of its own
+                for copy in made:
+                    await self._open_door(copy, session.egress)
             self.observer.forked(count, time.perf_counter() - started)
             log.info("fork session=%s copies=%s", session_id, ",".join(s.id for s in made))
             return [s.info() for s in made]
@@ -1170,10 +1195,38 @@ class LocalSessionManager(SessionManager):
         self.closed_by_reason[reason] += 1
         self.observer.session_closed(reason)
 
-    async def _close(self, session: Session, reason: str) -> None:
-        door = self._doors.pop(session.id, None)
+    async def _checkpoint(self, session: Session, home: Path, *, keeps_running: bool) -> int:
+        """Save a running session's image into home (its size). A session with egress has
+        its door closed and its connections ended first (gVisor cannot save a socket
+        connected to the host); the door opens again if the sandbox runs on."""
+        assert session.kernel is not None
+        policy = session.egress
+        if policy is not None:
+            await self._close_door(session.id)
+            ended = await session.kernel.execute(
+                _DROP_CONNECTIONS, timeout_s=DOOR_OPEN_TIMEOUT_S, silent=True
+            )
+            if ended.status is not CellStatus.OK:
+                why = ended.error["evalue"] if ended.error else ended.message
+                await self._open_door(session, policy)
+                raise CheckpointFailed(f"its egress connections did not end: {why}")
+        try:
+            size = await self.checkpoints.save(session.kernel, home)
+        except BaseException:
+            if policy is not None and session.kernel is not None and session.kernel.alive:
+                await self._open_door(session, policy)
+            raise
+        if policy is not None and keeps_running:
+            await self._open_door(session, policy)
+        return size
+
+    async def _close_door(self, session_id: str) -> None:
+        door = self._doors.pop(session_id, None)
         if door is not None:
             await door.close()
+
+    async def _close(self, session: Session, reason: str) -> None:
+        await self._close_door(session.id)
         step = await session.close(reason)
         await asyncio.to_thread(self.store.remove, self.store.session_dir(session.id))
         log.info(

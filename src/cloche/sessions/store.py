@@ -52,6 +52,7 @@ class SessionRecord:
     execution_count: int
     state: RecordState
     origin: str = ""  # the runtime that made its image (see `Store.origin`)
+    egress: dict[str, Any] | None = None  # its egress policy, as asked ({policy, allow?})
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class SnapshotRecord:
     execution_count: int
     size_bytes: int
     origin: str
+    egress: dict[str, Any] | None = None  # the session's egress policy when it was taken
 
 
 def _load(path: Path, kind: type[Any]) -> Any:
