@@ -13,6 +13,7 @@ EXPECTED = [
     "Client",
     "ClientError",
     "ClocheError",
+    "EgressRefused",
     "Execution",
     "ExecutionError",
     "FileInfo",

@@ -339,3 +339,17 @@ def test_a_pause_with_a_tunnel_open_ends_it_and_the_session_goes_on(
     )
     assert after["stdout"].split("\n")[0].startswith("ended"), after
     assert after["stdout"].split()[-1] == "200", after
+
+
+def test_the_sdk_asks_for_egress_and_hears_refusals(world: dict[str, Any]) -> None:
+    import cloche
+
+    server: ServerThread = world["server"]
+    plain = world["plain"].port
+    with cloche.Client(url=f"http://127.0.0.1:{server.http_port}") as client:
+        with client.create_session(egress="test") as session:
+            assert session.info.egress == {"policy": "test"}
+            fetched = session.run(FETCH + f"fetch('http://{UPSTREAM_HOST}:{plain}/sdk')[0]")
+            assert fetched.result is not None and fetched.result.text == "200"
+        with pytest.raises(cloche.EgressRefused, match="wider than policy 'small'"):
+            client.create_session(egress={"policy": "small", "allow": ["example.invalid:443"]})

@@ -12,6 +12,7 @@ import httpx
 from cloche.errors import (
     CheckpointFailed,
     ClocheError,
+    EgressRefused,
     InvalidRequest,
     KernelDied,
     LLMBudgetExceeded,
@@ -55,6 +56,7 @@ _BY_STATUS: dict[int, type[ClocheError]] = {
 }
 _BY_KIND: dict[str, type[ClocheError]] = {
     "checkpoint_failed": CheckpointFailed,
+    "egress_refused": EgressRefused,
     "too_many_paused_sessions": TooManyPausedSessions,
 }
 

@@ -63,6 +63,7 @@ class SessionInfo:
     expires_at: datetime.datetime  # when it will be closed if left idle
     execution_count: int
     limits: dict[str, float]  # cell_timeout_s, memory_mib, disk_mib, ...
+    egress: dict[str, Any] | None = None  # its egress policy ({policy, allow?}), if any
 
     @property
     def cell_timeout_s(self) -> float:
@@ -78,6 +79,7 @@ class SessionInfo:
             expires_at=datetime.datetime.fromisoformat(body["expires_at"]),
             execution_count=int(body.get("execution_count", 0)),
             limits=dict(body.get("limits") or {}),
+            egress=body.get("egress"),
         )
 
 
@@ -184,6 +186,7 @@ class AsyncClient:
         env: Mapping[str, str] | None = None,
         files: Mapping[str, FileData] | None = None,
         snapshot: str | SnapshotInfo | None = None,
+        egress: str | Mapping[str, Any] | None = None,
     ) -> AsyncSession:
         """A new session.
 
@@ -196,8 +199,12 @@ class AsyncClient:
             files: files to put in its working directory first, by path.
             snapshot: start from this snapshot (its variables, imports and files) instead;
                 the session then has the snapshot's profile.
+            egress: network access through the server's egress proxy: the name of one of
+                its policies (--egress-policy), or {"policy": name, "allow": [rules]} to
+                narrow one. Nothing: the server's `default` policy, if it has one.
 
         Raises:
+            EgressRefused: an unknown policy, or rules wider than it (403).
             TooManySessions: the server holds --max-sessions sessions already.
             SandboxError: the server could not start a sandbox.
             InvalidRequest: an unknown profile or a bad value.
@@ -211,6 +218,8 @@ class AsyncClient:
             body["profile"] = profile
         if timeout is not None:
             body["timeout"] = timeout
+        if egress is not None:
+            body["egress"] = egress if isinstance(egress, str) else dict(egress)
         if env:
             body["env"] = dict(env)
         if files:

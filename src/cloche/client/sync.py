@@ -106,11 +106,12 @@ class Client:
         env: Mapping[str, str] | None = None,
         files: Mapping[str, FileData] | None = None,
         snapshot: str | SnapshotInfo | None = None,
+        egress: str | Mapping[str, Any] | None = None,
     ) -> Session:
         """A new session, or one restored from a snapshot; see `AsyncClient.create_session`."""
         created = self._loop.call(
             self._async.create_session(
-                profile, timeout=timeout, env=env, files=files, snapshot=snapshot
+                profile, timeout=timeout, env=env, files=files, snapshot=snapshot, egress=egress
             )
         )
         return Session(self._loop, created)

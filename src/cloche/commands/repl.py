@@ -54,6 +54,13 @@ def add(subparsers: Any) -> None:
         default="lean",
         help="profile of a new session: lean, data, or the server's own",
     )
+    parser.add_argument(
+        "--egress",
+        default=None,
+        metavar="POLICY",
+        help="network for a new session: one of the server's egress policies (default: the "
+        "server's default policy, if any; else no network)",
+    )
     parser.add_argument("--keep", action="store_true", help="leave a new session open at exit")
     add_connection_options(parser)
     parser.set_defaults(handler=_repl)
@@ -153,7 +160,7 @@ def _repl(args: argparse.Namespace) -> int:
             session = client.session(args.session)
             owned = False
         else:
-            session = client.create_session(args.profile)
+            session = client.create_session(args.profile, egress=args.egress)
             owned = not args.keep
         save_history = _history()
         left = (

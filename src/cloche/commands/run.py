@@ -32,6 +32,13 @@ def add(subparsers: Any) -> None:
         "--profile", default="lean", help="the session's profile: lean, data, or the server's own"
     )
     parser.add_argument(
+        "--egress",
+        default=None,
+        metavar="POLICY",
+        help="network for a new session: one of the server's egress policies (default: the "
+        "server's default policy, if any; else no network)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -61,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.session:
             session = client.session(args.session)
         else:
-            session = client.create_session(args.profile)
+            session = client.create_session(args.profile, egress=args.egress)
         try:
             execution = session.run(
                 code,

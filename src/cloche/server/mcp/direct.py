@@ -46,9 +46,11 @@ class ManagerClient:
         return self._timeouts.get(session_id)
 
     async def create_session(
-        self, profile: str = "lean", *, snapshot: str | None = None
+        self, profile: str = "lean", *, snapshot: str | None = None, egress: str | None = None
     ) -> ManagerSession:
-        info = await self.manager.create(self.owner, profile=profile, snapshot=snapshot)
+        info = await self.manager.create(
+            self.owner, profile=profile, snapshot=snapshot, egress=egress
+        )
         return ManagerSession(self, self.describe(info))
 
     async def session(self, session_id: str) -> ManagerSession:

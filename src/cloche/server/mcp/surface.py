@@ -50,7 +50,7 @@ class ToolClient(Protocol):
     """The sessions one caller (one token, or none) may use."""
 
     async def create_session(
-        self, profile: str = "lean", *, snapshot: str | None = None
+        self, profile: str = "lean", *, snapshot: str | None = None, egress: str | None = None
     ) -> ToolSession: ...
 
     async def session(self, session_id: str) -> ToolSession:

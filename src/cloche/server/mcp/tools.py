@@ -272,9 +272,20 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             str | None,
             Field(description="Start from this snapshot (see snapshot_session) instead"),
         ] = None,
+        egress: Annotated[
+            str | None,
+            Field(
+                description="Network access: the name of one of the server's egress "
+                "policies (the hosts it allows, through a proxy on the server); none: no "
+                "network, unless the server has a default policy",
+                max_length=200,
+            ),
+        ] = None,
     ) -> CallToolResult:
         with _as_tool_errors():
-            session = await scope.client(ctx).create_session(profile, snapshot=snapshot)
+            session = await scope.client(ctx).create_session(
+                profile, snapshot=snapshot, egress=egress
+            )
         profile = session.info.profile  # a snapshot's own
         return CallToolResult(
             content=[
