@@ -8,24 +8,17 @@ HTTP one and an HTTPS one whose certificate comes from a CA of the test's own
 
 from __future__ import annotations
 
-import datetime
 import http.server as http_server
-import ipaddress
 import json
 import ssl
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
-from support import ServerThread, make_config, require_gvisor
+from support import ServerThread, make_config, make_test_ca, require_gvisor
 
 UPSTREAM_HOST = "127.0.0.2"
 
@@ -60,60 +53,12 @@ class Upstream:
         self.thread.join()
 
 
-def _test_ca(directory: Path) -> tuple[Path, ssl.SSLContext]:
-    """A CA (its certificate in a file) and a server context with a certificate it signed
-    for 127.0.0.2."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cloche test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, UPSTREAM_HOST)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(UPSTREAM_HOST))]),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_file = directory / "test-ca.pem"
-    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    chain = directory / "server.pem"
-    chain.write_bytes(
-        cert.public_bytes(serialization.Encoding.PEM)
-        + key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(chain)
-    return ca_file, context
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two upstreams, a policy file naming them, and a gVisor server with it."""
     require_gvisor()
     base = tmp_path_factory.mktemp("egress")
-    ca_file, context = _test_ca(base)
+    ca_file, context = make_test_ca(base, UPSTREAM_HOST)
     plain, secure = Upstream(), Upstream(context)
     policy = base / "egress.toml"
     policy.write_text(
