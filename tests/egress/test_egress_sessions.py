@@ -25,6 +25,12 @@ UPSTREAM_HOST = "127.0.0.2"
 
 class _Handler(http_server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
+        if self.path.startswith("/redirect"):  # to a host no policy names
+            self.send_response(302)
+            self.send_header("Location", "http://example.com/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = json.dumps({"path": self.path, "host": self.headers.get("Host")}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -65,7 +71,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         f'upstream_ca_file = "{ca_file}"\n'
         "[policies.test]\n"
         f'allow = ["{UPSTREAM_HOST}:{plain.port}", "{UPSTREAM_HOST}:{secure.port}", '
-        '"example.invalid:443"]\n'
+        f'"example.invalid:443", "localhost:{plain.port}"]\n'
         "[policies.small]\n"
         f'allow = ["{UPSTREAM_HOST}:{plain.port}"]\n'
         "max_connections = 1\n"
@@ -159,6 +165,27 @@ def test_refusals_reach_the_cell_with_the_rule_named(
     for line in result["stdout"].splitlines():
         status, header, body = eval(line)  # noqa: S307  # the tuples printed above
         assert status == 403 and header.startswith("refused;") and "no allow rule" in body
+    redirected = run(
+        http, session, FETCH + f"print(fetch('http://{UPSTREAM_HOST}:{plain}/redirect'))"
+    )
+    status, header, body = eval(redirected["stdout"])  # noqa: S307
+    assert status == 403 and 'host="example.com"' in header, redirected
+    server: ServerThread = world["server"]
+    connects = (
+        "import socket\n"
+        "def connect(target):\n"
+        "    with socket.create_connection(('127.0.0.1', 3128), timeout=30) as door:\n"
+        "        door.sendall(f'CONNECT {target} HTTP/1.1\\r\\n\\r\\n'.encode())\n"
+        "        return door.recv(4096).decode()\n"
+        f"for target in ('localhost:{plain}', '127.0.0.1:{server.http_port}', "
+        f"'127.0.0.1:{server.tcp_port}', '127.0.0.1:3128', '[::1]:{plain}'):\n"
+        "    print(repr(connect(target)))\n"
+    )
+    answers = run(http, session, connects)["stdout"].splitlines()
+    assert len(answers) == 5
+    for answer in map(eval, answers):  # noqa: S307
+        assert answer.startswith("HTTP/1.1 403 Forbidden"), answer
+    assert "a loopback address no allow rule names" in eval(answers[0])  # noqa: S307
 
 
 def test_a_session_that_asks_for_nothing_has_no_network(
