@@ -23,8 +23,47 @@ from support import ServerThread, make_config, make_test_ca, require_gvisor
 UPSTREAM_HOST = "127.0.0.2"
 
 
+def _wheel() -> bytes:
+    """A wheel of one module, `hello_cloche` 1.0, for a package index of the test's own."""
+    import io
+    import zipfile
+
+    files = {
+        "hello_cloche/__init__.py": "GREETING = 'hello'\n",
+        "hello_cloche-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hello-cloche\n"
+        "Version: 1.0\n",
+        "hello_cloche-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "hello_cloche-1.0.dist-info/RECORD,,\n"
+    files["hello_cloche-1.0.dist-info/RECORD"] = record
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return buffer.getvalue()
+
+
+WHEEL = "hello_cloche-1.0-py3-none-any.whl"
+INDEX = {  # path: (content type, body)
+    "/simple/hello-cloche/": (
+        "text/html",
+        f'<html><body><a href="/files/{WHEEL}">{WHEEL}</a></body></html>'.encode(),
+    ),
+    f"/files/{WHEEL}": ("application/octet-stream", _wheel()),
+}
+
+
 class _Handler(http_server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
+        if self.path in INDEX:
+            kind, content = INDEX[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+            return
         if self.path.startswith("/redirect"):  # to a host no policy names
             self.send_response(302)
             self.send_header("Location", "http://example.com/elsewhere")
@@ -325,3 +364,39 @@ def test_the_sdk_asks_for_egress_and_hears_refusals(world: dict[str, Any]) -> No
             assert fetched.result is not None and fetched.result.text == "200"
         with pytest.raises(cloche.EgressRefused, match="wider than policy 'small'"):
             client.create_session(egress={"policy": "small", "allow": ["example.invalid:443"]})
+
+
+def test_requests_httpx_and_pip_go_through_the_door(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    """The clients people use, unchanged: requests and httpx (from the sandbox's runtime),
+    and `pip download` from an index on the upstream (a wheel made here)."""
+    plain, secure = world["plain"].port, world["secure"].port
+    session = new_session(http, "test")
+    result = run(
+        http,
+        session,
+        "import requests, httpx\n"
+        f"print(requests.get('http://{UPSTREAM_HOST}:{plain}/requests', timeout=30).json())\n"
+        f"print(requests.get('https://{UPSTREAM_HOST}:{secure}/requests', timeout=30).json())\n"
+        f"print(httpx.get('http://{UPSTREAM_HOST}:{plain}/httpx', timeout=30).json())\n"
+        f"print(httpx.get('https://{UPSTREAM_HOST}:{secure}/httpx', timeout=30).json())\n",
+    )
+    assert result["status"] == "ok", result
+    assert [eval(line)["path"] for line in result["stdout"].splitlines()] == [  # noqa: S307
+        "/requests",
+        "/requests",
+        "/httpx",
+        "/httpx",
+    ]
+    pip = run(
+        http,
+        session,
+        "import subprocess, sys\n"
+        "done = subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', "
+        f"'--index-url', 'https://{UPSTREAM_HOST}:{secure}/simple/', '-d', '/tmp/got', "
+        "'hello-cloche'], capture_output=True, text=True)\n"
+        "print(done.returncode, done.stdout[-2000:], done.stderr[-2000:])\n"
+        "import os\nprint(sorted(os.listdir('/tmp/got')))\n",
+    )
+    assert pip["stdout"].splitlines()[-1] == "['hello_cloche-1.0-py3-none-any.whl']", pip

@@ -28,6 +28,17 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+def add_egress_option(parser: argparse.ArgumentParser) -> None:
+    """--egress POLICY, for commands that make a session."""
+    parser.add_argument(
+        "--egress",
+        default=None,
+        metavar="POLICY",
+        help="network for a new session: one of the server's egress policies (default: the "
+        "server's default policy, if any; else no network)",
+    )
+
+
 def add_connection_options(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:
     """--url, --token and --request-timeout, each with its CLOCHE_* environment variable.
 

@@ -21,6 +21,7 @@ from cloche import __version__
 from cloche.client.sync import Session
 from cloche.commands.common import (
     add_connection_options,
+    add_egress_option,
     ask_person,
     client_of,
     reports_errors,
@@ -54,13 +55,7 @@ def add(subparsers: Any) -> None:
         default="lean",
         help="profile of a new session: lean, data, or the server's own",
     )
-    parser.add_argument(
-        "--egress",
-        default=None,
-        metavar="POLICY",
-        help="network for a new session: one of the server's egress policies (default: the "
-        "server's default policy, if any; else no network)",
-    )
+    add_egress_option(parser)
     parser.add_argument("--keep", action="store_true", help="leave a new session open at exit")
     add_connection_options(parser)
     parser.set_defaults(handler=_repl)

@@ -11,6 +11,7 @@ from cloche.commands.common import (
     CLOCHE_FAILED,
     CODE_FAILED,
     add_connection_options,
+    add_egress_option,
     client_of,
     reports_errors,
     show_display,
@@ -31,13 +32,7 @@ def add(subparsers: Any) -> None:
     parser.add_argument(
         "--profile", default="lean", help="the session's profile: lean, data, or the server's own"
     )
-    parser.add_argument(
-        "--egress",
-        default=None,
-        metavar="POLICY",
-        help="network for a new session: one of the server's egress policies (default: the "
-        "server's default policy, if any; else no network)",
-    )
+    add_egress_option(parser)
     parser.add_argument(
         "--timeout",
         type=float,
