@@ -125,6 +125,7 @@ async def test_http_is_forwarded_in_origin_form_without_proxy_headers(door_of: A
     assert record["decision"] == "allowed" and record["status"] == 200
     assert record["rule"] == f"allow 127.0.0.1:{upstream.port}"
     assert record["session"] == "s1" and record["owner"] == "alice"
+    assert record["time"].endswith("+00:00") and record["duration_ms"] >= 0
     assert record["address"] == "127.0.0.1" and record["method"] == "GET"
     assert record["bytes_up"] == 0 and record["bytes_down"] == len(answer)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime
 import logging
 import os
 import time
@@ -113,7 +114,11 @@ class Door:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        record: Record = {"session": self.session_id, "owner": self.owner}
+        record: Record = {
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+            "session": self.session_id,
+            "owner": self.owner,
+        }
         started = time.monotonic()
         try:
             await self._exchange(reader, writer, record)
