@@ -48,6 +48,13 @@ def profile_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def test_a_profile_may_name_its_sessions_egress_policy(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text("[profiles.web]\nrequirements = ['six']\negress = 'research'\n")
+    (spec,), errors = load(path, max_memory_mib=1024)
+    assert errors == {} and spec.egress == "research"
+
+
 def test_the_file_is_read_with_an_error_per_bad_profile(profile_file):
     specs, errors = load(profile_file, max_memory_mib=1024)
     assert [spec.name for spec in specs] == ["tab", "unresolvable"]
@@ -63,6 +70,7 @@ def test_the_file_is_read_with_an_error_per_bad_profile(profile_file):
         ("[profiles.x]\nrequirements = ['six']\npool = 99\n", "pool"),
         ("[profiles.x]\nrequirements = ['six']\nmemory_mib = 99999\n", "memory_mib"),
         ("[profiles.x]\nrequirements = ['six']\npreload = ['os; import evil']\n", "preload"),
+        ("[profiles.x]\nrequirements = ['six']\negress = 3\n", "egress must be the name"),
     ],
 )
 def test_bad_profiles_are_named_with_their_cause(tmp_path, text, match):

@@ -5,6 +5,7 @@
     preload = ["sklearn", "polars"]                  # imported in pooled sandboxes before use
     pool = 1                                          # warm sandboxes kept ready
     memory_mib = 1024                                 # optional, within the server's limit
+    egress = "research"                               # optional: the sessions' egress policy
 
 Each profile's runtime is a site-packages directory built in the background from wheels
 only (through the shared wheel cache), mounted read-only into its sandboxes instead of the
@@ -42,7 +43,7 @@ from cloche.sandbox.files import WorkdirFiles
 
 log = logging.getLogger("cloche.packages")
 
-KEYS = ("requirements", "preload", "pool", "memory_mib")
+KEYS = ("requirements", "preload", "pool", "memory_mib", "egress")
 BUILT_IN = ("lean", "data")
 MAX_POOL = 16
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -59,6 +60,7 @@ class ProfileSpec:
     preload: tuple[str, ...] = ()
     pool: int = 1
     memory_mib: int | None = None
+    egress: str | None = None  # the policy its sessions get when they ask for none
 
     @property
     def preload_code(self) -> str:
@@ -146,7 +148,10 @@ def _spec(name: str, table: Any, max_memory_mib: int) -> ProfileSpec:
         raise ValueError(
             f"memory_mib must be from 1 to the server's {max_memory_mib} (--memory-mib)"
         )
-    return ProfileSpec(name, tuple(specs), tuple(preload), pool, memory)
+    egress = table.get("egress")
+    if egress is not None and (not isinstance(egress, str) or not egress):
+        raise ValueError("egress must be the name of a policy of --egress-policy")
+    return ProfileSpec(name, tuple(specs), tuple(preload), pool, memory, egress)
 
 
 class RuntimeBuilder:

@@ -500,6 +500,10 @@ class LocalSessionManager(SessionManager):
         snapshot: str | None = None,
         egress: EgressAsk = None,
     ) -> SessionInfo:
+        if egress is None and self.catalog is not None:  # the profile's own, if it has one
+            status = self.catalog.statuses.get(profile)
+            if status is not None and status.spec is not None:
+                egress = status.spec.egress
         policy = self._egress_for(egress)
         if snapshot is not None:
             if egress is None:  # the snapshot's own, as it was taken
