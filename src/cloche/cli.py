@@ -215,6 +215,14 @@ SERVE_OPTIONS = (
         "the hosts their policy names through a proxy on this host; without it, no network",
     ),
     _Option(
+        "--secrets",
+        Path,
+        None,
+        "TOML file of secrets ([secrets.NAME] value, hosts), readable by its owner only: "
+        "sessions whose policy names one hold a placeholder, and the egress proxy puts the "
+        "value into their requests to its hosts",
+    ),
+    _Option(
         "--egress-audit",
         Path,
         None,
@@ -412,6 +420,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         profiles_file=args.profiles,
         egress_policy=args.egress_policy,
         egress_audit=args.egress_audit,
+        egress_secrets=args.secrets,
         cluster=args.cluster,
         cluster_agent_port=args.cluster_agent_port,
         cluster_insecure=args.cluster_insecure,

@@ -144,6 +144,7 @@ class ServerConfig:
     # --egress-policy: TOML of named policies; sessions get egress only through it. None: none.
     egress_policy: Path | None = None
     egress_audit: Path | None = None  # JSON lines of egress; None: <data_dir>/egress/audit.jsonl
+    egress_secrets: Path | None = None  # --secrets: values the proxy puts into requests
     # --cluster: sessions on the nodes of a Ray cluster (local:N, auto, HOST:PORT, ray://...);
     # None: in this process
     cluster: str | None = None

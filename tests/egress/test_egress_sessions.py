@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import http.server as http_server
 import json
+import secrets
 import ssl
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,6 +56,10 @@ INDEX = {  # path: (content type, body)
 }
 
 
+AUTHORIZATIONS: list[tuple[str, str | None]] = []  # (path, Authorization) as upstreams saw them
+SECRET_VALUE = "real-token-" + secrets.token_hex(8)  # the value only the host holds
+
+
 class _Handler(http_server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path in INDEX:
@@ -70,6 +76,7 @@ class _Handler(http_server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        AUTHORIZATIONS.append((self.path, self.headers.get("Authorization")))
         body = json.dumps({"path": self.path, "host": self.headers.get("Host")}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -114,12 +121,29 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "[policies.small]\n"
         f'allow = ["{UPSTREAM_HOST}:{plain.port}"]\n'
         "max_connections = 1\n"
+        "[policies.secret]\n"
+        f'allow = ["{UPSTREAM_HOST}:{plain.port}", "{UPSTREAM_HOST}:{secure.port}"]\n'
+        'secrets = ["API_TOKEN"]\n'
     )
+    secrets_file = base / "secrets.toml"
+    secrets_file.write_text(
+        f'[secrets.API_TOKEN]\nvalue = "{SECRET_VALUE}"\n'
+        f'hosts = ["{UPSTREAM_HOST}:{secure.port}"]\n'
+    )
+    secrets_file.chmod(0o600)
     audit = base / "audit.jsonl"
-    config = make_config(base / "state", egress_policy=policy, egress_audit=audit)
+    config = make_config(
+        base / "state", egress_policy=policy, egress_audit=audit, egress_secrets=secrets_file
+    )
     try:
         with ServerThread(config) as server:
-            yield {"server": server, "plain": plain, "secure": secure, "audit": audit}
+            yield {
+                "server": server,
+                "plain": plain,
+                "secure": secure,
+                "audit": audit,
+                "data": config.data_dir,
+            }
     finally:
         plain.close()
         secure.close()
@@ -400,3 +424,57 @@ def test_requests_httpx_and_pip_go_through_the_door(
         "import os\nprint(sorted(os.listdir('/tmp/got')))\n",
     )
     assert pip["stdout"].splitlines()[-1] == "['hello_cloche-1.0-py3-none-any.whl']", pip
+
+
+def test_secrets_stay_on_the_host_and_reach_only_their_hosts(
+    world: dict[str, Any], http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain, secure = world["plain"].port, world["secure"].port
+    session = new_session(http, "secret")
+    send = (
+        "import os, urllib.request\n"
+        "def send(url):\n"
+        "    request = urllib.request.Request(url, headers={'Authorization': "
+        "'Bearer ' + os.environ['API_TOKEN']})\n"
+        "    with urllib.request.urlopen(request, timeout=30) as answer:\n"
+        "        return answer.status, answer.read().decode()\n"
+        f"print(send('https://{UPSTREAM_HOST}:{secure}/with-secret'))\n"
+        f"print(send('http://{UPSTREAM_HOST}:{plain}/not-its-host'))\n"
+        "print(os.environ['API_TOKEN'])\n"
+        "print(open('/proc/self/environ', 'rb').read().count(b'real-token-'))\n"
+    )
+    result = run(http, session, send)
+    assert result["status"] == "ok", result
+    lines = result["stdout"].splitlines()
+    placeholder = lines[2]
+    assert placeholder.startswith("cloche-secret-") and lines[3] == "0"
+    seen = dict(AUTHORIZATIONS)
+    assert seen["/with-secret"] == f"Bearer {SECRET_VALUE}"  # put in on the host
+    assert seen["/not-its-host"] == f"Bearer {placeholder}"  # another host: as it was sent
+    records = [json.loads(line) for line in world["audit"].read_text().splitlines()]
+    mine = [r for r in records if r["session"] == session]
+    (intercepted,) = [r for r in mine if r.get("intercepted")]
+    assert intercepted["secrets"] == ["API_TOKEN"] and intercepted["status"] == 200
+    (leak,) = [r for r in mine if r.get("leaked")]
+    assert leak["leaked"] == ["API_TOKEN"] and leak["port"] == plain
+
+    # The same placeholder after a pause (it is in the session's memory), and in a copy.
+    assert http.post(f"/v1/sessions/{session}/pause").status_code == 200
+    again = run(http, session, "print(os.environ['API_TOKEN'])\n" + send)
+    assert again["stdout"].splitlines()[0] == placeholder
+    copies = http.post(f"/v1/sessions/{session}/fork", json={"count": 1}).json()["sessions"]
+    copied = run(http, copies[0]["id"], "print(os.environ['API_TOKEN'])")
+    assert copied["stdout"].strip() == placeholder
+    assert dict(AUTHORIZATIONS)["/with-secret"] == f"Bearer {SECRET_VALUE}"
+    other = new_session(http, "secret")
+    assert run(http, other, "import os\nprint(os.environ['API_TOKEN'])")["stdout"].strip() != (
+        placeholder
+    )
+
+    # The value is in no record, log line, metric or saved image.
+    assert SECRET_VALUE not in world["audit"].read_text()
+    assert SECRET_VALUE not in http.get("/metrics").text
+    assert not any(SECRET_VALUE in r.getMessage() for r in caplog.records)
+    assert http.post(f"/v1/sessions/{session}/pause").status_code == 200
+    images = [p for p in Path(world["data"]).rglob("*") if p.is_file()]
+    assert images and not any(SECRET_VALUE.encode() in p.read_bytes() for p in images)

@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import logging
 import os
+import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from typing import Any
 
 from cloche.egress import guard
 from cloche.egress.policy import Policy
+from cloche.egress.secrets import Substitution
+from cloche.egress.tls import Interceptor
 
 log = logging.getLogger("cloche.egress")
 
@@ -78,10 +81,14 @@ class Door:
         owner: str | None,
         policy: Policy,
         record: Callable[[Record], None],
+        substitution: Substitution | None = None,
+        interceptor: Interceptor | None = None,
     ) -> None:
         self.session_id = session_id
         self.owner = owner
         self.policy = policy
+        self.substitution = substitution  # the session's placeholders, and their secrets
+        self.interceptor = interceptor  # TLS for the hosts its secrets go to
         self.usage = Usage()
         self._record = record
         self._server: asyncio.Server | None = None
@@ -172,9 +179,16 @@ class Door:
         record.update(decision="allowed", address=str(address))
         self.usage.open_connections += 1
         try:
-            if forward is None:
+            substitution = self.substitution
+            if forward is None and substitution and substitution.carries_secrets(host, port):
+                forward = await self._intercept(reader, writer, upstream, host, port, record)
+                if forward is None:
+                    return
+            elif forward is None:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
+            elif substitution is not None:
+                forward = self._substitute(forward, host, port, record)
+            if forward is not None:
                 upstream.write(forward)
             await self._relay(
                 reader, writer, upstream_reader, upstream, record, forward is not None
@@ -182,6 +196,59 @@ class Door:
         finally:
             self.usage.open_connections -= 1
             upstream.close()
+
+    async def _intercept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        upstream: asyncio.StreamWriter,
+        host: str,
+        port: int,
+        record: Record,
+    ) -> bytes | None:
+        """TLS on both sides of a tunnel to a host that carries secrets: the head of the
+        request inside, placeholders replaced (None: no request to pass on)."""
+        assert self.interceptor is not None
+        record["intercepted"] = True
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        try:
+            await writer.start_tls(self.interceptor.server_context(host))
+        except (ssl.SSLError, ConnectionError, OSError) as exc:
+            record["error"] = f"the client's TLS handshake failed: {exc}"
+            return None
+        try:
+            await upstream.start_tls(self.interceptor.upstream, server_hostname=host)
+        except (ssl.SSLError, ConnectionError, OSError) as exc:
+            record["error"] = f"{host}'s certificate was not accepted: {exc}"
+            await _answer(writer, 502, "Bad Gateway", record["error"], None)
+            return None
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+            method, target, lines = _parse_head(head)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, BadRequest):
+            record["error"] = "no request came through the intercepted tunnel"
+            return None
+        record["request"] = method
+        return self._substitute(_origin_head(method, target, lines, host), host, port, record)
+
+    def _substitute(self, head: bytes, host: str, port: int, record: Record) -> bytes:
+        assert self.substitution is not None
+        head, replaced, leaked = self.substitution.apply(head, host, port)
+        if replaced:
+            record["secrets"] = replaced
+        if leaked:  # a placeholder on its way to a host its secret is not for: sent as is
+            record["leaked"] = leaked
+            log.warning(
+                "egress: session %s sent the placeholder of %s to %s:%d, which it is not "
+                "for (sent unreplaced)",
+                self.session_id,
+                ", ".join(leaked),
+                host,
+                port,
+            )
+        return head
 
     def _admit(self, host: str, port: int) -> None:
         policy, usage = self.policy, self.usage
@@ -277,11 +344,16 @@ def _destination(method: str, target: str, lines: list[str]) -> tuple[str, int, 
     except ValueError:
         raise BadRequest(f"a bad port in {target[:200]!r}") from None
     path = urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
+    return url.hostname, port, _origin_head(method, path, lines, url.netloc.rpartition("@")[2])
+
+
+def _origin_head(method: str, path: str, lines: list[str], host: str) -> bytes:
+    """A request head to send upstream: hop-by-hop headers dropped, one request only."""
     headers = [line for line in lines if line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
     if not any(line.lower().startswith("host:") for line in headers):
-        headers.insert(0, f"Host: {url.netloc.rpartition('@')[2]}")
+        headers.insert(0, f"Host: {host}")
     head = "\r\n".join([f"{method} {path} HTTP/1.1", *headers, "Connection: close", "", ""])
-    return url.hostname, port, head.encode("latin-1")
+    return head.encode("latin-1")
 
 
 def _host_port(target: str, default: int | None) -> tuple[str, int]:

@@ -16,6 +16,9 @@ from typing import Any
 
 from cloche.egress.policy import EgressConfig, Policy
 from cloche.egress.proxy import Door, Record
+from cloche.egress.secrets import Secrets, Substitution
+from cloche.egress.tls import Interceptor
+from cloche.errors import EgressConfigError
 
 log = logging.getLogger("cloche.egress")
 
@@ -30,6 +33,11 @@ class Egress:
     config: the server's ceiling (--egress-policy).
     audit_path: where records go, one JSON object per line (rotated by size).
     report: also told of every record (the server's metrics).
+    secrets: the server's secrets (--secrets), for the policies that name them.
+
+    Raises:
+        EgressConfigError: a policy names a secret there is none of, or one whose hosts it
+            does not allow.
     """
 
     def __init__(
@@ -37,8 +45,11 @@ class Egress:
         config: EgressConfig,
         audit_path: Path,
         report: Callable[[Record], None] | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         self.config = config
+        self.secrets = secrets or Secrets({})
+        self.secrets.check(config.policies.values())
         self._report = report
         audit_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         handler = logging.handlers.RotatingFileHandler(
@@ -49,24 +60,48 @@ class Egress:
         self._audit.addHandler(handler)
         self._audit.propagate = False
         self.audit_path = audit_path
+        self.interceptor = Interceptor(config.upstream_ca_file) if self.secrets.by_name else None
         self.ca_bundle = _ca_bundle(config.upstream_ca_file)
+        if self.interceptor is not None:
+            self.ca_bundle += b"\n" + self.interceptor.ca_pem
 
     @classmethod
     def load(
-        cls, policy_file: Path, audit_path: Path, report: Callable[[Record], None] | None = None
+        cls,
+        policy_file: Path,
+        audit_path: Path,
+        report: Callable[[Record], None] | None = None,
+        secrets_file: Path | None = None,
     ) -> Egress:
-        return cls(EgressConfig.load(policy_file), audit_path, report)
+        """Raises EgressConfigError: a file that can't be read or used."""
+        secrets = Secrets.load(secrets_file) if secrets_file is not None else None
+        try:
+            return cls(EgressConfig.load(policy_file), audit_path, report, secrets)
+        except EgressConfigError as exc:
+            if secrets_file is None and "does not hold" in str(exc):
+                raise EgressConfigError(f"{exc} (no --secrets file was given)") from exc
+            raise
+
+    def placeholders(self, policy: Policy, kept: Mapping[str, str] | None) -> dict[str, str]:
+        """A session's placeholders for its policy's secrets (those it had are kept)."""
+        return self.secrets.placeholders(policy, kept)
 
     def policy_for(self, asked: str | Mapping[str, Any] | None) -> Policy | None:
         """What a session gets for what it asked (None: no egress). Raises EgressRefused."""
         return self.config.resolve(asked)
 
     async def open_door(
-        self, session_id: str, owner: str | None, policy: Policy, directory: Path
+        self,
+        session_id: str,
+        owner: str | None,
+        policy: Policy,
+        directory: Path,
+        placeholders: Mapping[str, str] | None = None,
     ) -> Door:
         """The session's door, listening in its sandbox's door directory, with the CAs an
         https client inside should trust beside it."""
-        door = Door(session_id, owner, policy, self.record)
+        substitution = Substitution(self.secrets, placeholders) if placeholders else None
+        door = Door(session_id, owner, policy, self.record, substitution, self.interceptor)
         (directory / CA_BUNDLE).write_bytes(self.ca_bundle)
         await door.open(directory / DOOR_SOCKET)
         return door

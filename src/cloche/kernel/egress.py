@@ -31,8 +31,14 @@ _CA_VARIABLES = (
 )
 
 
-def open_door(port: int = PORT, door: str = DOOR, ca_bundle: str = CA_BUNDLE) -> str:
-    """Listen for proxy connections (once) and point the proxy variables at them."""
+def open_door(
+    port: int = PORT,
+    door: str = DOOR,
+    ca_bundle: str = CA_BUNDLE,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Listen for proxy connections (once) and point the proxy variables at them; `env`
+    holds the session's secrets' placeholders (the proxy puts the values in)."""
     global _relay
     if _relay is None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -49,6 +55,7 @@ def open_door(port: int = PORT, door: str = DOOR, ca_bundle: str = CA_BUNDLE) ->
     if os.path.exists(ca_bundle):
         for name in _CA_VARIABLES:
             os.environ[name] = ca_bundle
+    os.environ.update(env or {})
     return url
 
 

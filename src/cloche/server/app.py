@@ -50,7 +50,9 @@ class Server:
                 from cloche.egress.service import Egress
 
                 audit = config.egress_audit or config.data_dir / "egress" / "audit.jsonl"
-                self.egress = Egress.load(config.egress_policy, audit, self.metrics.egress_record)
+                self.egress = Egress.load(
+                    config.egress_policy, audit, self.metrics.egress_record, config.egress_secrets
+                )
             self.manager = LocalSessionManager(
                 config, self.backend, observer=self.metrics, egress=self.egress
             )

@@ -505,13 +505,17 @@ class LocalSessionManager(SessionManager):
             if status is not None and status.spec is not None:
                 egress = status.spec.egress
         policy = self._egress_for(egress)
+        placeholders: dict[str, str] = {}
         if snapshot is not None:
+            taken = self._snapshot(snapshot, owner).egress
+            placeholders = _placeholders_of(taken)  # in the image's memory
             if egress is None:  # the snapshot's own, as it was taken
-                policy = self._policy_again(self._snapshot(snapshot, owner).egress, snapshot)
+                policy = self._policy_again(taken, snapshot)
             session = await self._from_snapshot(snapshot, owner)
         else:
             session = await self._create(owner, profile)
         if policy is not None:
+            session.placeholders = placeholders
             try:
                 await self._open_door(session, policy)
             except BaseException:
@@ -537,13 +541,21 @@ class LocalSessionManager(SessionManager):
         if sandbox.door_dir is None or sandbox.door_inside is None:
             raise EgressRefused("this session's sandbox has no door for egress")
         await self._close_door(session.id)
+        session.placeholders = self.egress.placeholders(policy, session.placeholders)
         door = await self.egress.open_door(
-            session.id, _owner_tag(session.owner_key), policy, sandbox.door_dir
+            session.id,
+            _owner_tag(session.owner_key),
+            policy,
+            sandbox.door_dir,
+            session.placeholders,
         )
         self._doors[session.id] = door
         session.egress = policy
         inside = sandbox.door_inside
-        args = f"door={inside + '/door.sock'!r}, ca_bundle={inside + '/ca.pem'!r}"
+        args = (
+            f"door={inside + '/door.sock'!r}, ca_bundle={inside + '/ca.pem'!r}, "
+            f"env={session.placeholders!r}"
+        )
         result = await session.kernel.execute(
             _OPEN_DOOR.format(args=args), timeout_s=DOOR_OPEN_TIMEOUT_S, silent=True
         )
@@ -605,6 +617,7 @@ class LocalSessionManager(SessionManager):
         )
         session.waker = self._wake
         session.egress = self._policy_again(record.egress, record.id)
+        session.placeholders = _placeholders_of(record.egress)
         return session
 
     def _policy_again(self, described: dict[str, Any] | None, of: str) -> Policy | None:
@@ -612,10 +625,11 @@ class LocalSessionManager(SessionManager):
         the ceiling no longer gives is dropped (no egress), and said so."""
         if described is None:
             return None
+        asked = {k: v for k, v in described.items() if k != "placeholders"}
         try:
             if self.egress is None:
                 raise EgressRefused("this server has no --egress-policy")
-            return self.egress.policy_for(described)
+            return self.egress.policy_for(asked)
         except EgressRefused as exc:
             log.warning("session %s loses its egress %s: %s", of, described, exc)
             return None
@@ -645,7 +659,7 @@ class LocalSessionManager(SessionManager):
             last_active=info.last_active,
             execution_count=session.execution_count,
             state=state,
-            egress=session.egress.describe() if session.egress is not None else None,
+            egress=_egress_record(session),
             origin=origin,
         )
 
@@ -986,7 +1000,7 @@ class LocalSessionManager(SessionManager):
                 execution_count=session.execution_count,
                 size_bytes=size,
                 origin=origin,
-                egress=session.egress.describe() if session.egress is not None else None,
+                egress=_egress_record(session),
             )
             self.store.save(record)
             self._snapshots[snapshot_id] = record
@@ -1110,6 +1124,7 @@ class LocalSessionManager(SessionManager):
                 raise failed[0]
             if session.egress is not None:  # each copy gets a door of its own
                 for copy in made:
+                    copy.placeholders = dict(session.placeholders)
                     await self._open_door(copy, session.egress)
             self.observer.forked(count, time.perf_counter() - started)
             log.info("fork session=%s copies=%s", session_id, ",".join(s.id for s in made))
@@ -1344,6 +1359,19 @@ class LocalSessionManager(SessionManager):
     @property
     def session_count(self) -> int:
         return len(self._sessions) - self.paused_count
+
+
+def _placeholders_of(described: dict[str, Any] | None) -> dict[str, str]:
+    kept = (described or {}).get("placeholders") or {}
+    return {str(k): str(v) for k, v in kept.items()} if isinstance(kept, dict) else {}
+
+
+def _egress_record(session: Session) -> dict[str, Any] | None:
+    """A session's egress as its record keeps it: the policy asked for, and its secrets'
+    placeholders (which are in its memory: a copy or a restore goes on with them)."""
+    if session.egress is None:
+        return None
+    return {**session.egress.describe(), "placeholders": dict(session.placeholders)}
 
 
 def _owner_tag(key: str | None) -> str:

@@ -92,6 +92,7 @@ class Session:
         self.id = session_id
         self.gate = gate
         self.egress: Policy | None = None  # what it may reach (a door is opened for it)
+        self.placeholders: dict[str, str] = {}  # its secrets' placeholders, by secret name
         self.behind = False  # its sandbox runs behind the others: its cells run long
         self._look: asyncio.TimerHandle | None = None  # at the CPU use of a cell running long
         self.profile = profile
