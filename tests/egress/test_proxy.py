@@ -224,3 +224,45 @@ async def test_closing_the_door_ends_its_connections(door_of: Any) -> None:
         writer.close()
         assert door.path is not None and not door.path.exists()
     assert records[0]["error"] == "the session's door was closed"
+
+
+async def socks(door: Door, address: bytes, port: int) -> tuple[bytes, Any, Any]:
+    """A SOCKS5 CONNECT through the door: (the reply, reader, writer)."""
+    assert door.path is not None
+    reader, writer = await asyncio.open_unix_connection(door.path)
+    writer.write(b"\x05\x01\x00")
+    assert await reader.readexactly(2) == b"\x05\x00"
+    writer.write(b"\x05\x01\x00" + address + port.to_bytes(2, "big"))
+    return await asyncio.wait_for(reader.readexactly(10), 30), reader, writer
+
+
+async def test_socks5_connects_where_the_policy_allows(door_of: Any) -> None:
+    async with Upstream(echo=True) as upstream:
+        door, records = await door_of(policy(f"127.0.0.1:{upstream.port}"))
+        reply, reader, writer = await socks(door, b"\x01\x7f\x00\x00\x01", upstream.port)
+        assert reply[:2] == b"\x05\x00"
+        writer.write(b"select 1")
+        assert await reader.readexactly(8) == b"select 1"
+        writer.close()
+        refused, _, other = await socks(door, b"\x01\x7f\x00\x00\x01", upstream.port + 1)
+        assert refused[:2] == b"\x05\x02"  # not allowed by the ruleset
+        other.close()
+        named, _, third = await socks(door, b"\x03\x09localhost", upstream.port)
+        assert named[:2] == b"\x05\x02"  # a name no name rule allows
+        third.close()
+        await settled(records, 3)
+    assert [r["method"] for r in records] == ["SOCKS5"] * 3
+    (allowed,) = [r for r in records if r["decision"] == "allowed"]
+    assert allowed["bytes_up"] == 8
+    assert {r.get("reason") for r in records if r is not allowed} == {"not-allowed"}
+
+
+async def test_socks5_without_its_method_or_with_another_command_is_refused(
+    door_of: Any,
+) -> None:
+    door, records = await door_of(policy("example.com"))
+    assert await ask(door, b"\x05\x01\x02") == b"\x05\xff"  # only username/password offered
+    bound = await ask(door, b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50")
+    assert bound[:2] == b"\x05\x00" and bound[2:4] == b"\x05\x07"  # BIND: not served
+    await settled(records, 2)
+    assert {r["decision"] for r in records} == {"bad-request"}

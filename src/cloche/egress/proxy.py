@@ -5,6 +5,8 @@ Two kinds of request, as any HTTP client sends them to a proxy:
   end between the sandbox and the host named.
 - `GET http://host/path` (any method, absolute URI) is forwarded as `Connection: close`,
   one request per connection, so that each request is checked on its own.
+- A SOCKS5 `CONNECT` (no authentication; an address or a name) on the same socket, for TCP
+  that is not HTTP (a database on a port the policy allows).
 
 Every connection is checked (`guard`), counted against the session's limits, and ends in
 one audit record. A refusal is an HTTP answer that says which host and which rule, in its
@@ -17,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import ipaddress
 import logging
 import os
 import ssl
@@ -145,19 +148,27 @@ class Door:
     async def _exchange(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, record: Record
     ) -> None:
+        socks = False
         try:
             async with asyncio.timeout(HEAD_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-            method, target, lines = _parse_head(head)
-            host, port, forward = _destination(method, target, lines)
+                first = await reader.readexactly(1)
+                if first == _SOCKS5:  # a SOCKS5 client (any TCP port the policy allows)
+                    socks = True
+                    method, forward = "SOCKS5", None
+                    host, port = await _socks_request(reader, writer)
+                else:
+                    head = first + await reader.readuntil(b"\r\n\r\n")
+                    method, target, lines = _parse_head(head)
+                    host, port, forward = _destination(method, target, lines)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
             record["decision"] = "bad-request"
-            if not isinstance(exc, asyncio.IncompleteReadError) or exc.partial:
+            if not socks and (not isinstance(exc, asyncio.IncompleteReadError) or exc.partial):
                 await _answer(writer, 400, "Bad Request", "no complete request head", None)
             return
         except BadRequest as exc:
-            record["decision"] = "bad-request"
-            await _answer(writer, 400, "Bad Request", str(exc), None)
+            record.update(decision="bad-request", error=str(exc))
+            if not socks:  # a SOCKS client was answered in its own terms
+                await _answer(writer, 400, "Bad Request", str(exc), None)
             return
         record.update(host=host, port=port, method=method)
         try:
@@ -167,6 +178,9 @@ class Door:
             upstream_reader, upstream, address = await guard.connect(self.policy, destination)
         except guard.Refused as exc:
             record.update(decision="refused", rule=exc.rule, reason=exc.reason)
+            if socks:  # SOCKS has no room for words: the record names the rule
+                writer.write(_socks_reply(_SOCKS_NOT_ALLOWED))
+                return
             status, phrase = (
                 (429, "Too Many Requests") if exc.reason == "limit" else (403, "Forbidden")
             )
@@ -174,6 +188,9 @@ class Door:
             return
         except guard.Unreachable as exc:
             record.update(decision="unreachable", error=str(exc))
+            if socks:
+                writer.write(_socks_reply(_SOCKS_UNREACHABLE))
+                return
             await _answer(writer, 502, "Bad Gateway", str(exc), None)
             return
         record.update(decision="allowed", address=str(address))
@@ -184,6 +201,8 @@ class Door:
                 forward = await self._intercept(reader, writer, upstream, host, port, record)
                 if forward is None:
                     return
+            elif socks:
+                writer.write(_socks_reply(_SOCKS_OK))
             elif forward is None:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             elif substitution is not None:
@@ -367,6 +386,50 @@ def _host_port(target: str, default: int | None) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise BadRequest(f"port {port} is out of range")
     return host.strip("[]"), port
+
+
+_SOCKS5 = b"\x05"
+_SOCKS_OK, _SOCKS_FAILURE, _SOCKS_NOT_ALLOWED, _SOCKS_UNREACHABLE = 0, 1, 2, 4
+_SOCKS_NO_COMMAND, _SOCKS_NO_ADDRESS_TYPE = 7, 8
+
+
+async def _socks_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> tuple[str, int]:
+    """A SOCKS5 greeting (no authentication) and CONNECT request, after its first byte:
+    (host, port). A request refused here is answered here (then BadRequest)."""
+    methods = await reader.readexactly((await reader.readexactly(1))[0])
+    if 0 not in methods:
+        writer.write(b"\x05\xff")
+        raise BadRequest("SOCKS5 without its no-authentication method")
+    writer.write(b"\x05\x00")
+    version, command, _, kind = await reader.readexactly(4)
+    if version != 5 or command != 1:
+        writer.write(_socks_reply(_SOCKS_NO_COMMAND))
+        raise BadRequest("SOCKS5: only CONNECT is served")
+    if kind == 1:
+        host = str(ipaddress.IPv4Address(await reader.readexactly(4)))
+    elif kind == 4:
+        host = str(ipaddress.IPv6Address(await reader.readexactly(16)))
+    elif kind == 3:
+        name = await reader.readexactly((await reader.readexactly(1))[0])
+        try:
+            host = name.decode("ascii")
+        except UnicodeDecodeError:
+            writer.write(_socks_reply(_SOCKS_FAILURE))
+            raise BadRequest("SOCKS5: a host name that is not ASCII") from None
+    else:
+        writer.write(_socks_reply(_SOCKS_NO_ADDRESS_TYPE))
+        raise BadRequest(f"SOCKS5: unknown address type {kind}")
+    port = int.from_bytes(await reader.readexactly(2), "big")
+    if not port:
+        writer.write(_socks_reply(_SOCKS_FAILURE))
+        raise BadRequest("SOCKS5: port 0")
+    return host, port
+
+
+def _socks_reply(code: int) -> bytes:
+    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
 
 
 def _status_of(chunk: bytes) -> int | None:
