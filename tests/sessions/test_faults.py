@@ -130,5 +130,9 @@ def test_a_thousand_create_close_cycles_leak_nothing(make_server):
     after = counts()
     assert manager.session_count == 0
     assert manager.created >= 1000
-    # What's held at rest is the same as before: the pool's sandboxes and nothing else.
-    assert after == before, (before, after)
+    # What's held at rest is the same as before: the pool's sandboxes and nothing else. The
+    # descriptors are the whole test process's: one that an earlier test left for the
+    # garbage collector may close meanwhile (the full suite saw 74 before, 68 after), so
+    # a leak is a count that grew.
+    assert after["fds"] <= before["fds"], (before, after)
+    assert {**after, "fds": 0} == {**before, "fds": 0}, (before, after)
