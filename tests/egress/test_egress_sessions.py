@@ -62,6 +62,14 @@ SECRET_VALUE = "real-token-" + secrets.token_hex(8)  # the value only the host h
 
 class _Handler(http_server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
+        if self.path.startswith("/mib/"):  # a download of that many MiB
+            size = int(self.path.rsplit("/", 1)[1]) << 20
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            for _ in range(size >> 20):
+                self.wfile.write(bytes(1 << 20))
+            return
         if self.path in INDEX:
             kind, content = INDEX[self.path]
             self.send_response(200)
@@ -478,3 +486,25 @@ def test_secrets_stay_on_the_host_and_reach_only_their_hosts(
     assert http.post(f"/v1/sessions/{session}/pause").status_code == 200
     images = [p for p in Path(world["data"]).rglob("*") if p.is_file()]
     assert images and not any(SECRET_VALUE.encode() in p.read_bytes() for p in images)
+
+
+def test_large_downloads_arrive_whole_over_http_and_https(
+    world: dict[str, Any], http: httpx.Client
+) -> None:
+    """A client inside slower than the upstream (TLS) fills the relay's buffer: reading
+    must start again once it drains (a 100 MiB https download once stopped for good)."""
+    plain, secure = world["plain"].port, world["secure"].port
+    session = new_session(http, "test")
+    code = (
+        "import urllib.request\n"
+        "def size(url):\n"
+        "    got = 0\n"
+        "    with urllib.request.urlopen(url, timeout=60) as answer:\n"
+        "        while piece := answer.read(1 << 16):\n"
+        "            got += len(piece)\n"
+        "    return got\n"
+        f"print(size('https://{UPSTREAM_HOST}:{secure}/mib/40'))\n"
+        f"print(size('http://{UPSTREAM_HOST}:{plain}/mib/40'))\n"
+    )
+    result = run(http, session, code)
+    assert result["stdout"].split() == [str(40 << 20)] * 2, result

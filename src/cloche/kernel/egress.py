@@ -187,6 +187,8 @@ class _Relay:
                 self._close(pipe.sink)
         if pipe.sink in self.pipes:
             self._watch(pipe.sink)
+        if pipe.source in self.pipes:  # room again: read its source again
+            self._watch(pipe.source)
 
     def _watch(self, sock: socket.socket) -> None:
         """Read while there is room; write while something waits."""
