@@ -14,6 +14,7 @@ import secrets
 import ssl
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "secure": secure,
                 "audit": audit,
                 "data": config.data_dir,
+                "config": config,
             }
     finally:
         plain.close()
@@ -508,3 +510,29 @@ def test_large_downloads_arrive_whole_over_http_and_https(
     )
     result = run(http, session, code)
     assert result["stdout"].split() == [str(40 << 20)] * 2, result
+
+
+def test_a_session_paused_at_shutdown_comes_back_with_its_egress(
+    world: dict[str, Any], tmp_path: Path
+) -> None:
+    """A server of its own (the module's keeps running): stopped with a session in it, then
+    started again on the same data directory."""
+    plain = world["plain"].port
+    config = replace(world["config"], data_dir=tmp_path / "data", egress_audit=None)
+    narrowed = {"policy": "secret", "allow": [f"{UPSTREAM_HOST}:{plain}"]}
+    with ServerThread(config) as first:
+        with httpx.Client(base_url=f"http://127.0.0.1:{first.http_port}", timeout=120) as api:
+            session = new_session(api, narrowed)
+            placeholder = run(api, session, "import os\nkept = os.environ['API_TOKEN']")
+            assert placeholder["status"] == "ok", placeholder
+    with ServerThread(config) as second:
+        with httpx.Client(base_url=f"http://127.0.0.1:{second.http_port}", timeout=120) as api:
+            assert api.get(f"/v1/sessions/{session}").json()["egress"] == narrowed
+            again = run(
+                api,
+                session,
+                "print(kept == os.environ['API_TOKEN'])\n"
+                + FETCH
+                + f"print(fetch('http://{UPSTREAM_HOST}:{plain}/back')[0])\n",
+            )
+            assert again["stdout"].split() == ["True", "200"], again
