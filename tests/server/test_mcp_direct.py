@@ -31,8 +31,11 @@ class RecordingManager:
         self.calls: list[tuple[str, Any]] = []
         self.closed: set[str] = set()
 
-    async def create(self, owner: str | None, profile: str = "lean", snapshot: Any = None):
+    async def create(
+        self, owner: str | None, profile: str = "lean", snapshot: Any = None, egress: Any = None
+    ):
         self.calls.append(("create", owner))
+        self.egress = egress
         return _info("s1", profile)
 
     async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
@@ -91,8 +94,9 @@ def _client(manager: RecordingManager, timeouts: dict[str, float] | None = None)
 
 async def test_every_call_reaches_the_manager_as_the_callers_token(manager):
     client = _client(manager)
-    session = await client.create_session("data")
+    session = await client.create_session("data", egress="research")
     assert (session.id, session.info.profile) == ("s1", "data")
+    assert manager.egress == "research"  # MCP's create_session asks for the policy named
     await session.refresh()
     await client.list_sessions()
     await session.run("1 / 0")
