@@ -135,13 +135,17 @@ def test_huge_output_is_truncated(attacker, witness):
 def test_cpu_spin_in_many_threads_is_stopped_by_the_timeout(attacker, witness):
     """Spin the CPU in many threads. Outcome: the timeout interrupts the cell; the session
     lives; the witness stays responsive."""
+    # The threads are started inside the try: starting 16 threads while the others spin
+    # can outlast the time limit on a busy machine, and an interrupt that landed before the
+    # try left them spinning for good, the kernel starved of its GIL, the sandbox killed
+    # (the full suite failed so about one run in three; by hand, with a 20 s grace, too).
     code = (
         "import threading\n"
         "def spin():\n"
         "    while not done: pass\n"
         "done = False\n"
-        "for _ in range(16): threading.Thread(target=spin, daemon=True).start()\n"
         "try:\n"
+        "    for _ in range(16): threading.Thread(target=spin, daemon=True).start()\n"
         "    spin()\n"
         "finally:\n"
         "    done = True"
