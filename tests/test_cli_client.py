@@ -285,6 +285,7 @@ def test_repl_attaches_to_an_existing_session_and_leaves_it_open(url, environmen
         repl.expect_exact(PROMPT)
         repl.sendline("%session")
         repl.expect_exact(session_id)
+        repl.expect_exact(PROMPT)  # the EOF must reach the prompt, not the line before it
         repl.sendeof()
         repl.expect_exact(f"cloche repl --session {session_id}")
         repl.expect(pexpect.EOF)
