@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import hashlib
 import logging
 import time
@@ -241,17 +242,19 @@ class Session:
             self.state = SessionState.BUSY
             started = time.perf_counter()
             before = await self._snapshot() if track_files else None
+            run = functools.partial(
+                self.kernel.execute,
+                code,
+                timeout_s=timeout_s,
+                on_event=on_event,
+                silent=silent,
+                stdin=stdin,
+                pager=pager,
+            )
             if self.gate is None:
-                result = await self.kernel.execute(
-                    code,
-                    timeout_s=timeout_s,
-                    on_event=on_event,
-                    silent=silent,
-                    stdin=stdin,
-                    pager=pager,
-                )
+                result = await run()
             else:
-                result = await self._take_turn(code, timeout_s, on_event, silent, stdin, pager)
+                result = await self._take_turn(run)
                 waited_s += result.queue_wait_s
             result.queue_wait_s = waited_s
             if before is not None and result.session_survived:
@@ -278,12 +281,7 @@ class Session:
 
     async def _take_turn(
         self,
-        code: str,
-        timeout_s: float,
-        on_event: EventCallback | None,
-        silent: bool,
-        stdin: bool,
-        pager: bool,
+        run: Callable[[], Awaitable[CellResult]],
     ) -> CellResult:
         """Run the cell in its turn at the gate; its wait is in the result's queue_wait_s.
 
@@ -310,14 +308,7 @@ class Session:
         try:
             async with self.gate.admitted(go_behind):
                 waited_s = time.perf_counter() - asked
-                result = await kernel.execute(
-                    code,
-                    timeout_s=timeout_s,
-                    on_event=on_event,
-                    silent=silent,
-                    stdin=stdin,
-                    pager=pager,
-                )
+                result = await run()
         finally:
             if self._look is not None:
                 self._look.cancel()
