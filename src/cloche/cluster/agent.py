@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
@@ -25,6 +25,9 @@ from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import LocalSessionManager
 from cloche.sessions.observer import Observer
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
+
+if TYPE_CHECKING:
+    from cloche.egress.service import Egress
 
 log = logging.getLogger("cloche.cluster")
 
@@ -39,6 +42,20 @@ def memory_available_bytes() -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def _node_egress(
+    config: ServerConfig, figures: NodeFigures | None, ca: tuple[bytes, bytes] | None
+) -> Egress | None:
+    """This node's egress (with --egress-policy): its own doors and audit file, the policy
+    and secrets files read at the same paths on every node (a mounted Secret on Kubernetes)."""
+    if config.egress_policy is None:
+        return None
+    from cloche.egress.service import Egress
+
+    audit = config.egress_audit or config.data_dir / "egress" / "audit.jsonl"
+    report = getattr(figures, "egress_record", None)
+    return Egress.load(config.egress_policy, audit, report, config.egress_secrets, ca)
 
 
 class NodeFigures(Protocol):
@@ -60,6 +77,7 @@ class NodeAgent:
         secret: str,
         host: str,
         figures: Callable[[], NodeFigures] | None = None,
+        egress_ca: tuple[bytes, bytes] | None = None,
     ) -> None:
         self.config = config
         self.node_id = node_id
@@ -68,7 +86,10 @@ class NodeAgent:
         # made the agent), for the front ends' /metrics; none without.
         self.figures = figures() if figures is not None else None
         observer = self.figures if isinstance(self.figures, Observer) else None
-        self.manager = LocalSessionManager(config, create_backend(config), observer=observer)
+        self.egress = _node_egress(config, self.figures, egress_ca)  # this node's doors
+        self.manager = LocalSessionManager(
+            config, create_backend(config), observer=observer, egress=self.egress
+        )
         if self.figures is not None:
             self.figures.watch(self.manager)
         self.server = AgentServer(node_id, secret, self._handle)
@@ -97,6 +118,8 @@ class NodeAgent:
         """Close the data path, then every session (paused to --data-dir, as a server does)."""
         await self.server.close()
         await self.manager.stop()
+        if self.egress is not None:
+            self.egress.close()
 
     def stats(self) -> dict[str, Any]:
         """What placement and GET /v1/cluster need; `seq` orders answers from this agent."""
@@ -155,8 +178,9 @@ class NodeAgent:
         owner: str | None,
         profile: str,
         snapshot: str | None,
+        egress: str | dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        info = await self.manager.create(owner, profile, snapshot)
+        info = await self.manager.create(owner, profile, snapshot, egress)
         return {"info": codec.info_out(info), "stats": self.stats()}
 
     async def _op_holds(self, on_event: EventCallback, session_id: str) -> bool:

@@ -24,9 +24,19 @@ class Directory:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.sessions: dict[str, str] = {}
         self.snapshots: dict[str, str] = {}
+        self.egress_ca: tuple[bytes, bytes] | None = None
 
     def cluster_secret(self) -> str:
         return self.secret
+
+    def interception_ca(self) -> tuple[bytes, bytes]:
+        """The CA every node's egress proxy intercepts secret-carrying hosts with (one for
+        the cluster: a session that moves keeps trusting it), made when first asked for."""
+        if self.egress_ca is None:
+            from cloche.egress.tls import make_ca
+
+            self.egress_ca = make_ca()
+        return self.egress_ca
 
     def pid(self) -> int:
         """Its process (waited for when a local cluster stops)."""

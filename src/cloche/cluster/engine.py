@@ -237,8 +237,9 @@ class Engine:
         ]
         return [RayNode(n["NodeID"], n["NodeManagerAddress"], i) for i, n in enumerate(found)]
 
-    def agent(self, node: RayNode, secret: str) -> Any:
-        """The node agent actor of a node, made if there is none (its `start` says its id)."""
+    def agent(self, node: RayNode, secret: str, egress_ca: tuple[bytes, bytes] | None) -> Any:
+        """The node agent actor of a node, made if there is none (its `start` says its id);
+        egress_ca: the cluster's interception CA, when sessions may carry secrets."""
         _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -253,7 +254,7 @@ class Engine:
             max_concurrency=100_000,
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_id, soft=False),
-        ).remote(config, node_id, secret, node.ip, self.figures)
+        ).remote(config, node_id, secret, node.ip, self.figures, egress_ca)
         return handle
 
     def node_config(self, node: RayNode) -> ServerConfig:
@@ -266,6 +267,11 @@ class Engine:
                 state_dir=config.state_dir / f"node-{node.index}",
                 cluster_agent_port=0,
             )
+            if config.egress_audit is not None:  # one file per node, as on many machines
+                audit = config.egress_audit
+                config = replace(
+                    config, egress_audit=audit.with_name(f"{audit.stem}-node-{node.index}.jsonl")
+                )
         return config
 
     def sweep(self) -> None:

@@ -106,6 +106,7 @@ class ClusterSessionManager(SessionManager):
         self.nodes: dict[str, Node] = {}
         self._where: dict[str, str] = {}  # session id -> node id, as learnt
         self._secret = ""
+        self._egress_ca: tuple[bytes, bytes] | None = None  # with --secrets: the nodes' CA
         self._directory_pid: int | None = None
         self._profiles: builtins.list[dict[str, Any]] = []
         self._watcher: asyncio.Task[None] | None = None
@@ -125,6 +126,8 @@ class ClusterSessionManager(SessionManager):
         try:
             self._secret = await self.engine.directory.cluster_secret.remote()
             self._directory_pid = await self.engine.directory.pid.remote()
+            if self.config.egress_secrets is not None:
+                self._egress_ca = await self.engine.directory.interception_ca.remote()
             await self._discover()
             if not self._alive():
                 raise ConfigError(
@@ -165,7 +168,7 @@ class ClusterSessionManager(SessionManager):
                 )  # fmt: skip
 
     async def _join(self, ray_node: RayNode) -> None:
-        handle = await asyncio.to_thread(self.engine.agent, ray_node, self._secret)
+        handle = await asyncio.to_thread(self.engine.agent, ray_node, self._secret, self._egress_ca)
         try:
             described = await asyncio.wait_for(handle.start.remote(), AGENT_START_S)
         except Exception as exc:  # a node that can't run sandboxes: the others serve
@@ -334,8 +337,10 @@ class ClusterSessionManager(SessionManager):
         snapshot: str | None = None,
         egress: EgressAsk = None,
     ) -> SessionInfo:
-        if egress is not None:  # each node's agent would run its own doors: not built yet
-            raise EgressRefused("egress is not available in cluster mode yet")
+        if egress is not None and self.config.egress_policy is None:
+            raise EgressRefused(
+                "this server gives sessions no egress (start it with --egress-policy)"
+            )
         pinned: Node | None = None
         if snapshot is not None:
             pinned = await self._snapshot_node(snapshot)
@@ -355,7 +360,8 @@ class ClusterSessionManager(SessionManager):
             node.inflight += 1
             try:
                 reply = await node.link.call(
-                    "create", {"owner": owner, "profile": profile, "snapshot": snapshot}
+                    "create",
+                    {"owner": owner, "profile": profile, "snapshot": snapshot, "egress": egress},
                 )
             except LinkDown:
                 if pinned is not None:

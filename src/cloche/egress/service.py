@@ -17,7 +17,7 @@ from typing import Any
 from cloche.egress.policy import EgressConfig, Policy
 from cloche.egress.proxy import Door, Record
 from cloche.egress.secrets import Secrets, Substitution
-from cloche.egress.tls import Interceptor
+from cloche.egress.tls import CA, Interceptor
 from cloche.errors import EgressConfigError
 
 log = logging.getLogger("cloche.egress")
@@ -34,6 +34,7 @@ class Egress:
     audit_path: where records go, one JSON object per line (rotated by size).
     report: also told of every record (the server's metrics).
     secrets: the server's secrets (--secrets), for the policies that name them.
+    ca: the interception CA to use (a cluster's, shared by its nodes); a new one without.
 
     Raises:
         EgressConfigError: a policy names a secret there is none of, or one whose hosts it
@@ -46,6 +47,7 @@ class Egress:
         audit_path: Path,
         report: Callable[[Record], None] | None = None,
         secrets: Secrets | None = None,
+        ca: CA | None = None,
     ) -> None:
         self.config = config
         self.secrets = secrets or Secrets({})
@@ -60,7 +62,9 @@ class Egress:
         self._audit.addHandler(handler)
         self._audit.propagate = False
         self.audit_path = audit_path
-        self.interceptor = Interceptor(config.upstream_ca_file) if self.secrets.by_name else None
+        self.interceptor = (
+            Interceptor(config.upstream_ca_file, ca) if self.secrets.by_name else None
+        )
         self.ca_bundle = _ca_bundle(config.upstream_ca_file)
         if self.interceptor is not None:
             self.ca_bundle += b"\n" + self.interceptor.ca_pem
@@ -72,11 +76,12 @@ class Egress:
         audit_path: Path,
         report: Callable[[Record], None] | None = None,
         secrets_file: Path | None = None,
+        ca: CA | None = None,
     ) -> Egress:
         """Raises EgressConfigError: a file that can't be read or used."""
         secrets = Secrets.load(secrets_file) if secrets_file is not None else None
         try:
-            return cls(EgressConfig.load(policy_file), audit_path, report, secrets)
+            return cls(EgressConfig.load(policy_file), audit_path, report, secrets, ca)
         except EgressConfigError as exc:
             if secrets_file is None and "does not hold" in str(exc):
                 raise EgressConfigError(f"{exc} (no --secrets file was given)") from exc
