@@ -98,33 +98,39 @@ async def check(policy: Policy, host: str, port: int) -> Destination:
     return Destination(host, port, decision.rule, tuple(passing))
 
 
-async def connect(
-    policy: Policy, destination: Destination
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Address]:
-    """A connection to the first of the destination's addresses that answers.
+async def connect(policy: Policy, destination: Destination) -> tuple[socket.socket, Address]:
+    """A connection (a non-blocking socket) to the first of the destination's addresses that
+    answers.
 
     Raises:
         Refused: the connection reached this machine itself, and no rule names the address.
         Unreachable: no address answered in time.
     """
+    loop = asyncio.get_running_loop()
     errors = []
     for address in destination.addresses:
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                reader, writer = await asyncio.open_connection(str(address), destination.port)
+                await loop.sock_connect(sock, (str(address), destination.port))
         except (OSError, TimeoutError) as exc:
+            sock.close()
             errors.append(f"{address}: {exc or 'timed out'}")
             continue
-        sock = writer.get_extra_info("socket")
+        except BaseException:
+            sock.close()
+            raise
         if _to_itself(sock) and not policy.names_address(address, destination.port):
-            writer.close()
+            sock.close()
             raise Refused(
                 destination.host,
                 destination.port,
                 f"{address} is this machine's own address, and no allow rule names it",
                 "self",
             )
-        return reader, writer, address
+        return sock, address
     where = f"{destination.host}:{destination.port}"
     raise Unreachable(f"cannot connect to {where}: {'; '.join(errors)}")
 
