@@ -128,6 +128,11 @@ class Sandbox(abc.ABC):
         """CPU time the sandbox has used so far; None when the backend can't tell."""
         return None
 
+    def peers_cpu_seconds(self) -> float | None:
+        """CPU time the sandboxes of this server have used so far while level with the host
+        (not behind it); None when the backend can't tell."""
+        return None
+
     @property
     def stdin(self) -> IO[bytes]:
         assert self.process is not None and self.process.stdin is not None

@@ -354,6 +354,9 @@ class GVisorSandbox(Sandbox):
         behind = cgroups.cpu_usage_s(self._behind) if self._ever_moved else None
         return used if behind is None or used is None else used + behind
 
+    def peers_cpu_seconds(self) -> float | None:
+        return cgroups.cpu_usage_s(f"/cloche/{self.backend.state.instance}")
+
     def checkpoint(
         self, image: Path, *, leave_running: bool = False, compressed: bool = True
     ) -> str | None:

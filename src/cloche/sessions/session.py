@@ -41,6 +41,26 @@ _ROUTINE = frozenset({CellStatus.OK, CellStatus.ERROR})
 # `time.sleep`) is not: waking behind them, it would wait for every pool refill to end.
 BUSY_LOOK_S = 0.02
 BUSY_LOOK_MAX_S = 1.0
+# Behind the host, a sandbox gets the CPU only when nothing else wants it. Other sandboxes
+# whose cells run long but were never busy enough to go there (fifty downloads on two
+# cores: a twenty-fifth of a core each) would starve it for good: one that gets less than
+# STARVED_SHARE of a core while the sandboxes level with the host use at least half of one
+# comes level again (one of fifty downloading sessions got 0.2 MiB/s, another 32).
+BUSY_SHARE_OF_LOOK = 0.5
+STARVED_SHARE = 0.125
+BEHIND, LEVEL, STAY = "behind", "level", "stay"
+
+
+def cpu_move(moved: bool, share: float, peers_share: float | None) -> str:
+    """Where a sandbox whose cell runs long goes for the CPU after a look: BEHIND the host's
+    processes (busy: `share` of a core is at least half), LEVEL with them again (behind,
+    and starved by other sandboxes level with the host: `peers_share` is their summed
+    share, None when not counted), or STAY where it is."""
+    if not moved:
+        return BEHIND if share >= BUSY_SHARE_OF_LOOK else STAY
+    if share < STARVED_SHARE and peers_share is not None and peers_share >= BUSY_SHARE_OF_LOOK:
+        return LEVEL
+    return STAY
 
 
 class SessionState(enum.Enum):
@@ -302,7 +322,7 @@ class Session:
             if not self.behind:
                 self.behind = True
                 kernel.sandbox.background(True)
-            self._look_at_cpu(kernel, None, BUSY_LOOK_S)
+            self._look_at_cpu(kernel, None, None, BUSY_LOOK_S)
 
         asked = time.perf_counter()
         try:
@@ -321,22 +341,40 @@ class Session:
         return result
 
     def _look_at_cpu(
-        self, kernel: KernelClient, used_before: float | None, interval_s: float
+        self,
+        kernel: KernelClient,
+        used_before: float | None,
+        peers_before: float | None,
+        interval_s: float,
+        moved: bool = False,
     ) -> None:
         """While a cell past its slice runs: once its sandbox used at least half of the
         interval since the last look on the CPU, put it behind the host's processes too;
-        else look again, after twice the interval (up to BUSY_LOOK_MAX_S)."""
+        else look again, after twice the interval (up to BUSY_LOOK_MAX_S). Once behind, look
+        on each BUSY_LOOK_MAX_S: starved there by other sandboxes (see `cpu_move`), it comes
+        level with the host again (still at its low weight among the sandboxes)."""
         self._look = None
-        used = kernel.sandbox.cpu_seconds()
+        sandbox = kernel.sandbox
+        used = sandbox.cpu_seconds()
+        peers = sandbox.peers_cpu_seconds()
         if used is None or not self.behind or kernel.stopping:
             return  # a cell told to stop stays level with the host (KernelClient._signal)
         if used_before is not None:
-            if used - used_before >= interval_s / 2:
-                kernel.sandbox.background(True, busy=True)
-                return
-            interval_s = min(interval_s * 2, BUSY_LOOK_MAX_S)
+            peers_share = None if peers is None or peers_before is None else (peers - peers_before)
+            move = cpu_move(
+                moved,
+                (used - used_before) / interval_s,
+                None if peers_share is None else peers_share / interval_s,
+            )
+            if move == BEHIND:
+                sandbox.background(True, busy=True)
+                moved = True
+            elif move == LEVEL:
+                sandbox.level_with_the_host()
+                moved = False
+            interval_s = BUSY_LOOK_MAX_S if moved else min(interval_s * 2, BUSY_LOOK_MAX_S)
         self._look = asyncio.get_running_loop().call_later(
-            interval_s, self._look_at_cpu, kernel, used, interval_s
+            interval_s, self._look_at_cpu, kernel, used, peers, interval_s, moved
         )
 
     def _was_short(self, overran: bool, cpu_before: float | None) -> bool:
