@@ -1,21 +1,25 @@
 """Egress through a session's door against the same client on the host (issue 25).
 
     .venv/bin/python benchmarks/bench_egress.py [--requests 300] [--mib 100] [--sessions 50]
-        [--each-mib 10] [--out DIR]
+        [--seconds 5] [--out DIR]
 
 Needs root and runsc (`./test.sh` installs them). One `cloche serve --egress-policy` child
 process, and one upstream child process on 127.0.0.2 (HTTP, and HTTPS with a CA made for the
-run, trusted through the policy's upstream_ca_file), measured in one run:
+run, trusted through the policy's upstream_ca_file; bodies sent with sendfile, so that the
+upstream, a host process at full CPU weight, takes little of the CPU the sandboxes share),
+measured in one run:
 
 1. Request latency: --requests sequential `urllib` GETs of a 2-byte body on new connections
    (one TLS context, made once, as a requests.Session or an httpx.Client keeps it),
-   (a) in a session through its door, forwarded (http) and tunnelled (https, CONNECT);
+   (a) in a session through its door, forwarded (http), tunnelled (https, CONNECT) and
+   intercepted (https to a host a secret is for: TLS ends on the host and starts again);
    (b) the same code on the host, straight to the upstream. p50 and p99; added = (a) - (b).
 2. Connections per second: the same loop's rate, in the session (http).
-3. Throughput: --mib MiB read by `urllib` in 1 MiB pieces, through the door (http and https)
+3. Throughput: --mib MiB read by `urllib` in 1 MiB pieces, through the door (each of the three)
    and on the host straight to the upstream, MiB/s (best of 3 each, A B A B).
-4. Many at once: --sessions sessions each download --each-mib MiB at the same moment
-   (http); errors, and each session's MiB/s: the slowest against the fastest.
+4. Many at once: --sessions sessions each download for --seconds from the same moment
+   (http); errors, and each session's MiB/s over the window in which all of them were
+   downloading: the slowest against the fastest.
 
 The machine is shared: the load average is printed at the start and the end. Results go to
 OUT/egress.json and OUT/egress.md.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import statistics
@@ -43,14 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cluster import percentile  # noqa: E402
 from bench_core import scratch_dir  # noqa: E402
-from suite import serving  # noqa: E402
+from suite import Serve, serving  # noqa: E402
 
 HOST = "127.0.0.2"
 
 UPSTREAM = textwrap.dedent(
     """
-    import http.server, ssl, sys, threading
+    import http.server, ssl, sys, tempfile, threading
     BIG = b"x" * (1 << 20)
+    BLOB = tempfile.TemporaryFile()  # sent with sendfile(2): the upstream costs little CPU
+    BLOB.write(BIG * 16)
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         def do_GET(self):
@@ -62,19 +69,30 @@ UPSTREAM = textwrap.dedent(
             self.end_headers()
             if not size:
                 self.wfile.write(b"ok")
-            for _ in range(size):
-                self.wfile.write(BIG)
+            self.wfile.flush()
+            left = size << 20
+            while left:  # TLS: socket.sendfile reads and sends instead
+                sent = self.connection.sendfile(BLOB, 0, min(left, 16 << 20))
+                if not sent:
+                    break
+                left -= sent
             self.close_connection = True
         def log_message(self, *args):
             pass
-    plain = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Handler)
-    secure = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 128  # socketserver's 5 drops a burst of 50 connections' SYNs
+        def handle_error(self, request, client_address):
+            pass  # a client that stops reading (the many-at-once phase) resets its connection
+    plain = Server(("127.0.0.2", 0), Handler)
+    secure = Server(("127.0.0.2", 0), Handler)
+    intercepted = Server(("127.0.0.2", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(sys.argv[1])
-    secure.socket = context.wrap_socket(secure.socket, server_side=True)
-    for server in (plain, secure):
+    for server in (secure, intercepted):
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    for server in (plain, secure, intercepted):
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    print(plain.server_address[1], secure.server_address[1], flush=True)
+    print(*(s.server_address[1] for s in (plain, secure, intercepted)), flush=True)
     sys.stdin.read()
     """
 )
@@ -102,6 +120,16 @@ CLIENT = textwrap.dedent(
             while piece := answer.read(1 << 20):
                 got += len(piece)
         return got / (1 << 20) / (time.perf_counter() - started)
+    def trace(url, until):
+        # [(unix time, MiB so far)] at the start and after each 256 KiB, until `until`
+        points = [(time.time(), 0.0)]
+        got = 0
+        with opener.open(url, timeout=600) as answer:
+            while time.time() < until and (piece := answer.read(1 << 18)):
+                got += len(piece)
+                points.append((time.time(), got / (1 << 20)))
+        points.append((time.time(), got / (1 << 20)))
+        return points
     """
 )
 
@@ -135,14 +163,15 @@ def in_session(http: httpx.Client, session: str, code: str) -> Any:
     return json.loads(body["stdout"].strip().splitlines()[-1])
 
 
-async def many(url: str, sessions: list[str], source: str) -> list[Any]:
-    """Each session downloads source, all from one moment on (their cells wait for it, so
-    that they start together however the requests were dispatched): its MiB/s, or its
-    error (a str)."""
+async def many(url: str, sessions: list[str], source: str, seconds: float) -> list[Any]:
+    """Each session downloads source for `seconds`, all from one moment on (their cells
+    wait for it, so that they start together however the requests were dispatched): its
+    trace, or its error (a str)."""
     start_at = time.time() + 3 + 0.1 * len(sessions)
     code = (
         CLIENT + f"import json, time\ntime.sleep(max(0, {start_at} - time.time()))\ntry:\n"
-        f"    print(json.dumps(download({source!r})))\nexcept Exception as exc:\n"
+        f"    print(json.dumps(trace({source!r}, {start_at + seconds})))\n"
+        "except Exception as exc:\n"
         "    print(json.dumps(repr(exc)))"
     )
     async with httpx.AsyncClient(base_url=url, timeout=1200) as http:
@@ -164,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--sessions", type=int, default=50)
-    parser.add_argument("--each-mib", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {"load_start": os.getloadavg()}
@@ -176,18 +205,29 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         try:
             assert upstream.stdout is not None
-            plain, secure = (int(p) for p in upstream.stdout.readline().split())
+            plain, secure, intercepted = (int(p) for p in upstream.stdout.readline().split())
             policy = base / "egress.toml"
             policy.write_text(
                 f'upstream_ca_file = "{ca_file}"\n[policies.bench]\n'
-                f'allow = ["{HOST}:{plain}", "{HOST}:{secure}"]\n'
+                f'allow = ["{HOST}:{plain}", "{HOST}:{secure}", "{HOST}:{intercepted}"]\n'
+                'secrets = ["BENCH_TOKEN"]\n'
             )
-            urls = {"http": f"http://{HOST}:{plain}", "https": f"https://{HOST}:{secure}"}
+            secrets_file = base / "secrets.toml"  # its host is intercepted (TLS ends on the host)
+            secrets_file.write_text(
+                f'[secrets.BENCH_TOKEN]\nvalue = "bench"\nhosts = ["{HOST}:{intercepted}"]\n'
+            )
+            secrets_file.chmod(0o600)
+            urls = {
+                "http": f"http://{HOST}:{plain}",
+                "https": f"https://{HOST}:{secure}",
+                "intercepted": f"https://{HOST}:{intercepted}",
+            }
             serve_args = ["--pool-size", "4", "--data-pool-size", "0", "--max-sessions", "200",
                           "--cell-timeout", "1200", "--egress-policy", str(policy),
+                          "--secrets", str(secrets_file),
                           "--data-dir", str(base / "data")]  # fmt: skip
             with serving(base / "server", *serve_args) as server:
-                results.update(measure(server.target.url, urls, ca_file, args))
+                results.update(measure(server, urls, ca_file, args))
         finally:
             upstream.kill()
             upstream.wait()
@@ -201,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(
-    url: str, urls: dict[str, str], ca_file: Path, args: argparse.Namespace
+    server: Serve, urls: dict[str, str], ca_file: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
+    url = server.target.url
     out: dict[str, Any] = {"latency_ms": {}, "mib_s": {}}
     with httpx.Client(base_url=url, timeout=1200) as http:
         made = http.post("/v1/sessions", json={"egress": "bench"})
@@ -233,13 +274,41 @@ def measure(
             made = http.post("/v1/sessions", json={"egress": "bench"})
             made.raise_for_status()
             sessions.append(made.json()["id"])
+            in_session(http, sessions[-1], "print(1)")  # its imports, before the clock
+        server.wait_pooled("lean", 4)  # no sandbox starting while they download
         started = time.monotonic()
-        source = f"{urls['http']}/mib/{args.each_mib}"
-        out["many"] = asyncio.run(many(url, sessions, source)) if sessions else []
+        source = f"{urls['http']}/mib/100000"  # more than any session reads in --seconds
+        out["many"] = asyncio.run(many(url, sessions, source, args.seconds)) if sessions else []
         out["many_s"] = time.monotonic() - started
         for session in sessions:
             http.delete(f"/v1/sessions/{session}")
     return out
+
+
+def shares(
+    traces: list[list[list[float]]], from_first_byte: bool = False
+) -> tuple[list[float], float]:
+    """Each download's MiB/s over the window in which all of them ran (from the last start,
+    or the last first byte, to the first end): a fair share is the same rate for each while
+    they share the path. Those that started first and ran alone are not favoured by it."""
+    if not traces or (from_first_byte and any(len(trace) < 3 for trace in traces)):
+        return [], 0.0
+    start = max(trace[1 if from_first_byte else 0][0] for trace in traces)
+    end = min(trace[-1][0] for trace in traces)
+    if end <= start:
+        return [], 0.0  # no moment when all ran: a longer --seconds
+
+    def at(trace: list[list[float]], moment: float) -> float:
+        times = [point[0] for point in trace]
+        i = max(1, bisect.bisect_left(times, moment))
+        (t0, m0), (t1, m1) = trace[i - 1], trace[min(i, len(trace) - 1)]
+        return m0 if t1 == t0 else m0 + (m1 - m0) * (moment - t0) / (t1 - t0)
+
+    return [(at(trace, end) - at(trace, start)) / (end - start) for trace in traces], end - start
+
+
+def spread_of(rates: list[float]) -> float:
+    return max(rates) / min(rates) if rates and min(rates) > 0 else float("inf")
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
@@ -248,16 +317,19 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     best = {k: max(v) for k, v in results["mib_s"].items()}
     many = results["many"]
     errors = [r for r in many if isinstance(r, str)]
-    rates = [r for r in many if not isinstance(r, str)]
-    spread = max(rates) / min(rates) if rates else float("inf")
+    traces = [r for r in many if not isinstance(r, str)]
+    rates, window = shares(traces)
+    spread = spread_of(rates)
+    flowing, flowing_window = shares(traces, from_first_byte=True)
+    firsts = sorted(t[1][0] - t[0][0] for t in traces if len(t) > 2)
 
     def verdict(met: bool) -> str:
         return "met" if met else "missed"
 
     rows = []
-    for scheme in ("http", "https"):
+    hows = {"http": "forwarded", "https": "tunnelled (CONNECT)", "intercepted": "intercepted"}
+    for scheme, how in hows.items():
         door, host = lat[f"door {scheme}"], lat[f"host {scheme}"]
-        how = "forwarded" if scheme == "http" else "tunnelled (CONNECT)"
         target = "≤ 2 ms added" if scheme == "https" else ""
         rows.append((f"request p50 / p99, {how}", f"{door:.3f} / {lat99[f'door {scheme}']:.3f} "
                      f"ms (host: {host:.3f} / {lat99[f'host {scheme}']:.3f}); added "
@@ -265,21 +337,35 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
                      verdict(door - host <= 2) if target else ""))  # fmt: skip
     rows.append(("connections per second (http, one client)",
                  f"{1000 / lat['door http']:.0f}", "", ""))  # fmt: skip
-    for scheme in ("http", "https"):
+    for scheme in hows:
         ratio = best[f"door {scheme}"] / best[f"host {scheme}"]
         rows.append((f"{args.mib} MiB download, {scheme}: door / host MiB/s",
                      f"{best[f'door {scheme}']:.0f} / {best[f'host {scheme}']:.0f} "
                      f"({ratio:.2f})", "≥ 0.5", verdict(ratio >= 0.5)))  # fmt: skip
-    rows.append((f"{args.sessions} sessions × {args.each_mib} MiB at once",
-                 f"{len(errors)} errors; slowest {min(rates, default=0):.1f}, fastest "
-                 f"{max(rates, default=0):.1f} MiB/s ({spread:.2f}x); {results['many_s']:.1f} s",
-                 "no error, ≤ 2x", verdict(not errors and spread <= 2)))  # fmt: skip
+    rows.append((f"{args.sessions} sessions downloading for {args.seconds:g} s at once",
+                 f"{len(errors)} errors; while all {len(rates)} ran ({window:.2f} s): slowest "
+                 f"{min(rates, default=0):.1f}, fastest {max(rates, default=0):.1f} MiB/s "
+                 f"({spread:.2f}x)", "no error, ≤ 2x",
+                 verdict(not errors and spread <= 2)))  # fmt: skip
+    if firsts:
+        rows.append(
+            (
+                "... their first bytes, after the request",
+                f"p50 {statistics.median(firsts):.2f} s, last {firsts[-1]:.2f} s",
+                "",
+                "",
+            )
+        )
+        rows.append(("... once every one had its first byte", f"({flowing_window:.2f} s): "
+                     f"slowest {min(flowing, default=0):.1f}, fastest "
+                     f"{max(flowing, default=0):.1f} MiB/s ({spread_of(flowing):.2f}x)", "",
+                     ""))  # fmt: skip
     table = "\n".join("| " + " | ".join(row) + " |" for row in rows)
     load = results["load_start"][0], results["load_end"][0]
     return (
         f"# Egress through a session's door\n\n`.venv/bin/python benchmarks/bench_egress.py "
-        f"--requests {args.requests} --mib {args.mib} --sessions {args.sessions} --each-mib "
-        f"{args.each_mib}`, one run; load average {load[0]:.1f} at the start, {load[1]:.1f} "
+        f"--requests {args.requests} --mib {args.mib} --sessions {args.sessions} --seconds "
+        f"{args.seconds:g}`, one run; load average {load[0]:.1f} at the start, {load[1]:.1f} "
         f"at the end; {os.cpu_count()} cores.\n\n| measure | figure | target | verdict |\n"
         f"|---|---|---|---|\n{table}\n"
     )
