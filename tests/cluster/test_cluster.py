@@ -252,6 +252,63 @@ def test_a_killed_node_s_sessions_are_lost_and_the_others_go_on(cluster) -> None
         assert f'cloche_cluster_node_up{{node="{victim["id"]}",state="dead"}} 0.0' in metrics
 
 
+def test_a_node_given_sigterm_answers_lost_never_killed_or_not_found(cluster) -> None:
+    """Cells in flight on every session while one agent gets SIGTERM (its pod terminated):
+    its sandboxes die with it, and its sessions answer "lost", not "killed by SIGKILL ...
+    memory" nor "not found" (both were seen, in one run of three, before the agent watched
+    for SIGTERM); the other node's sessions go on."""
+    with client(cluster) as http:
+        drained = next(n for n in nodes(http).values() if n["state"] == "draining")
+        back = http.post(f"/v1/cluster/nodes/{drained['id']}/resume")
+        assert back.status_code == 200, back.text
+        assert back.json() == {"node": drained["id"], "state": "alive"}
+        assert http.post("/v1/cluster/nodes/no-such-node/resume").status_code == 404
+        alive = [n for n in nodes(http).values() if n["state"] == "alive"]
+        assert len(alive) == 2
+        ids = [new_session(http, f"x = {i}") for i in range(8)]
+        wait_for(lambda: held(http) == 8, "every node to report its sessions")
+        victim = max(nodes(http).values(), key=lambda node: node["sessions"])
+        assert 1 <= victim["sessions"] < 8
+        stop_at = time.monotonic() + 3600.0
+        answers: dict[str, list[tuple[int, str, str]]] = {s: [] for s in ids}
+
+        def loop(session_id: str) -> None:
+            with client(cluster) as own:
+                while time.monotonic() < stop_at:
+                    response = own.post(
+                        f"/v1/sessions/{session_id}/execute",
+                        json={"code": "import time; time.sleep(0.05); x"},
+                    )
+                    body = response.json()
+                    error = body.get("error") or {}
+                    kind = body.get("status") or error.get("type", "")
+                    answers[session_id].append((response.status_code, kind, response.text))
+                    if response.status_code == 410:
+                        return
+
+        with ThreadPoolExecutor(len(ids)) as pool:
+            running = [pool.submit(loop, s) for s in ids]
+            wait_for(lambda: all(answers[s] for s in ids), "every session to answer once")
+            os.kill(victim["pid"], signal.SIGTERM)
+            wait_for(lambda: nodes(http)[victim["id"]]["state"] == "dead", "the node to be dead")
+            # every session of the victim said lost; give the others a few more cells
+            wait_for(
+                lambda: sum(1 for s in ids if answers[s][-1][0] == 410) == victim["sessions"],
+                "the victim's sessions to answer lost",
+            )
+            stop_at = time.monotonic() + 1.0
+            for future in running:
+                future.result()
+        for seen in answers.values():
+            for status, kind, text in seen:
+                assert (status, kind) in {(200, "ok"), (410, "lost")}, text
+        lost = [s for s in ids if answers[s][-1][0] == 410]
+        assert len(lost) == victim["sessions"]
+        for session_id in ids:
+            if session_id not in lost:
+                assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
+
+
 def test_the_cluster_view_needs_a_token_and_a_single_server_has_none(cluster) -> None:
     with httpx.Client(base_url=f"http://127.0.0.1:{cluster.http_port}") as anonymous:
         assert anonymous.get("/v1/cluster").status_code == 401

@@ -9,9 +9,12 @@ that move sessions between nodes. It runs as a Ray actor pinned to its node
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import itertools
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
 from cloche.config import ServerConfig
-from cloche.errors import ClocheError, PathRefused
+from cloche.errors import ClocheError, PathRefused, SessionLost
 from cloche.sandbox.registry import create_backend
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import LocalSessionManager
@@ -58,6 +61,28 @@ def _node_egress(
     return Egress.load(config.egress_policy, audit, report, config.egress_secrets, ca)
 
 
+def _watch_sigterm(agent: NodeAgent) -> None:
+    """Mark the agent leaving the moment its process gets SIGTERM. Its sandboxes die within
+    ~0.1 s of it, while the agent still answers for a second or two; without the mark their
+    cells were answered "killed by SIGKILL ... memory", then "not found".
+
+    An actor is made, and runs, off the worker's main thread, where no signal handler may
+    be set (Ray's own, there, raises SystemExit). faulthandler may register from any
+    thread, at the C level, chained to the handler before it: on SIGTERM it writes a
+    traceback to a pipe, and the pipe's first byte tells the agent's loop."""
+    out, into = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    faulthandler.register(signal.SIGTERM, file=into, all_threads=False, chain=True)
+
+    def leaving() -> None:
+        if agent.leaving is None:
+            agent.leaving = "its node is shutting down (SIGTERM)"
+            log.warning("node agent %s: SIGTERM; its sessions are lost", agent.node_id)
+        with contextlib.suppress(OSError):
+            os.read(out, 65536)
+
+    asyncio.get_running_loop().add_reader(out, leaving)
+
+
 class NodeFigures(Protocol):
     """What an agent reports to, when it is given one: an observer of its manager (the
     server's Prometheus metrics) that also reads the manager's state and renders it all."""
@@ -78,6 +103,7 @@ class NodeAgent:
         host: str,
         figures: Callable[[], NodeFigures] | None = None,
         egress_ca: tuple[bytes, bytes] | None = None,
+        watch_sigterm: bool = False,
     ) -> None:
         self.config = config
         self.node_id = node_id
@@ -98,6 +124,10 @@ class NodeAgent:
         self._streams: dict[int, Any] = {}  # open streamed files, by handle
         self._stream_numbers = itertools.count(1)
         self._seq = itertools.count(1)
+        # Why this node is going away (its process got SIGTERM), once it is: its sandboxes
+        # die with it, and what they answer then ("killed", "not found") is not the story.
+        self.leaving: str | None = None
+        self._watch_sigterm = watch_sigterm  # in a process of its own (a Ray actor's)
 
     async def start(self) -> dict[str, Any]:
         """Start the manager and the data path once; where front ends reach it."""
@@ -107,6 +137,8 @@ class NodeAgent:
         return self.describe()
 
     async def _start(self) -> None:
+        if self._watch_sigterm:
+            _watch_sigterm(self)
         await self.manager.start()
         self.port = await self.server.start(self.host, self.config.cluster_agent_port)
         log.info("node agent %s serving on %s:%d", self.node_id, self.host, self.port)
@@ -167,7 +199,21 @@ class NodeAgent:
         handler = getattr(self, f"_op_{op}", None)
         if handler is None:
             raise ClocheError(f"unknown data-path request {op!r}")
-        return await handler(on_event=on_event, **args)
+        session_id = args.get("session_id")
+        self._check_leaving(session_id)
+        try:
+            answer = await handler(on_event=on_event, **args)
+        except ClocheError:
+            self._check_leaving(session_id)  # a session that died with its node: lost
+            raise
+        self._check_leaving(session_id)  # a cell killed as its node went: lost, not killed
+        return answer
+
+    def _check_leaving(self, session_id: object) -> None:
+        if self.leaving is not None and isinstance(session_id, str):
+            lost = SessionLost(session_id)
+            lost.args = (f"Session {session_id} was lost: {self.leaving}",)
+            raise lost
 
     async def _op_stats(self, on_event: EventCallback) -> dict[str, Any]:
         return self.stats()

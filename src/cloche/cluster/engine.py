@@ -254,7 +254,7 @@ class Engine:
             max_concurrency=100_000,
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_id, soft=False),
-        ).remote(config, node_id, secret, node.ip, self.figures, egress_ca)
+        ).remote(config, node_id, secret, node.ip, self.figures, egress_ca, watch_sigterm=True)
         return handle
 
     def node_config(self, node: RayNode) -> ServerConfig:

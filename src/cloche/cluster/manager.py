@@ -579,7 +579,7 @@ class ClusterSessionManager(SessionManager):
         self._set_state(node, DRAINING, tell=False)
         await self.engine.directory.set_state.remote(node.id, DRAINING)  # others stop too
         session_ids, snapshot_ids = await node.handle.held.remote()
-        moved, failed = 0, []
+        moved, failed, why = 0, [], {}
         for session_id in session_ids:
             try:
                 await self._move(node, session_id)
@@ -587,6 +587,7 @@ class ClusterSessionManager(SessionManager):
             except Exception as exc:
                 log.error("session %s not moved off node %s: %s", session_id, node.id, exc)
                 failed.append(session_id)
+                why[session_id] = str(exc) or type(exc).__name__
         copied = 0
         for snapshot_id in snapshot_ids:
             target = choose(self._alive(), "lean")
@@ -599,7 +600,27 @@ class ClusterSessionManager(SessionManager):
                 continue
             copied += 1
         log.info("node %s drained: %d sessions moved, %d failed", node.id, moved, len(failed))
-        return {"node": node.id, "moved": moved, "failed": failed, "snapshots": copied}
+        return {
+            "node": node.id,
+            "moved": moved,
+            "failed": failed,
+            "why": why,
+            "snapshots": copied,
+        }
+
+    async def undrain(self, node_id: str) -> dict[str, Any]:
+        """Return a draining node to service: new sessions may go to it again.
+
+        Raises:
+            NodeNotFound: no draining or live node of that id (a dead one stays dead).
+        """
+        node = self.nodes.get(node_id)
+        if node is None or node.state == DEAD:
+            raise NodeNotFound(f"Node {node_id} not found, or dead")
+        self._set_state(node, ALIVE, tell=False)
+        await self.engine.directory.set_state.remote(node.id, ALIVE)
+        log.info("node %s back in service", node.id)
+        return {"node": node.id, "state": ALIVE}
 
     async def _copy_snapshot(self, source: Node, target: Node, snapshot_id: str) -> None:
         """A snapshot's image copied to another node (node to node, through Ray's object
@@ -622,7 +643,12 @@ class ClusterSessionManager(SessionManager):
             raise
         await self.engine.directory.place.remote([session_id], target.id)
         self._where[session_id] = target.id
-        await source.handle.release_session.remote(session_id, True)
+        try:  # moved: what the source does with its copy no longer changes that
+            await source.handle.release_session.remote(session_id, True)
+        except Exception as exc:  # the source went away meanwhile: nothing to release
+            log.warning(
+                "session %s moved; node %s did not release it: %s", session_id, source.id, exc
+            )
 
     # -- stopping ----------------------------------------------------------------------------
 

@@ -306,6 +306,10 @@ class SessionManager(abc.ABC):
         """Move a node's sessions to the other nodes. Raises NodeNotFound."""
         raise NodeNotFound("this server is not a cluster (start it with --cluster)")
 
+    async def undrain(self, node_id: str) -> dict[str, Any]:
+        """Return a draining node to service. Raises NodeNotFound."""
+        raise NodeNotFound("this server is not a cluster (start it with --cluster)")
+
 
 class LocalSessionManager(SessionManager):
     """Sessions held in this process, each in its own sandbox from `backend`; paused ones

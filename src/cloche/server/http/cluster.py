@@ -1,4 +1,5 @@
-"""`/v1/cluster`: the nodes of a cluster-mode server, and draining one of them."""
+"""`/v1/cluster`: the nodes of a cluster-mode server, draining one and returning it to
+service."""
 
 from __future__ import annotations
 
@@ -35,7 +36,13 @@ class DrainOut(BaseModel):
     node: str
     moved: int  # sessions now on other nodes, same id and state
     failed: list[str]  # sessions that stayed (paused) on the node
+    why: dict[str, str] = {}  # each failed session's reason
     snapshots: int  # snapshots copied to other nodes
+
+
+class UndrainOut(BaseModel):
+    node: str
+    state: Literal["alive"]
 
 
 def _manager(request: Request) -> SessionManager:
@@ -65,3 +72,16 @@ async def drain(
     owner: str | None = Depends(owner_of),  # noqa: B008
 ) -> dict[str, Any]:
     return await _manager(request).drain(node_id)
+
+
+@router.post(
+    "/nodes/{node_id}/resume",
+    response_model=UndrainOut,
+    summary="Return a draining node to service: new sessions may go to it again",
+)
+async def undrain(
+    node_id: str,
+    request: Request,
+    owner: str | None = Depends(owner_of),  # noqa: B008
+) -> dict[str, Any]:
+    return await _manager(request).undrain(node_id)

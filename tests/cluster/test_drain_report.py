@@ -1,0 +1,92 @@
+"""A drain reports what moved: a session adopted by another node counts as moved even when
+its source went away before releasing it; one whose export failed is failed, with why. Fake
+agents stand in for Ray's actors (the real drain is in test_cluster.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cloche.cluster.directory import ALIVE, DRAINING
+from cloche.cluster.manager import ClusterSessionManager, Node
+from support import make_config
+
+
+class Call:
+    """What `handle.method.remote(...)` and `.options(...).remote(...)` give: an awaitable."""
+
+    def __init__(self, result: Any = None, error: Exception | None = None) -> None:
+        self.result, self.error = result, error
+
+    def options(self, **_: Any) -> Call:
+        return self
+
+    def remote(self, *args: Any) -> Any:
+        async def answer() -> Any:
+            if self.error is not None:
+                raise self.error
+            return self.result
+
+        return answer()
+
+
+class Split(Call):
+    """`.options(num_returns=2).remote(...)`: two object refs, passed on, not awaited."""
+
+    def remote(self, *args: Any) -> Any:
+        return self.result
+
+
+class Agent:
+    def __init__(self, **methods: Call) -> None:
+        self.__dict__.update(methods)
+
+
+class Directory:
+    def __init__(self) -> None:
+        self.placed: dict[str, str] = {}
+        self.states: dict[str, str] = {}
+        self.place = Call()
+        self.set_state = Call()
+
+    def __getattr__(self, name: str) -> Call:
+        return Call()
+
+
+def node(node_id: str, handle: Agent) -> Node:
+    stats = {"sessions": 0, "max_sessions": 10, "memory_available_bytes": 1 << 30}
+    link: Any = object()  # a live node has a data path; the drain does not use it
+    return Node(node_id, node_id, "127.0.0.1", 1, 1, handle, link, ALIVE, stats)
+
+
+async def test_a_move_done_before_its_source_died_counts_as_moved(tmp_path: Path) -> None:
+    gone = RuntimeError("the actor died unexpectedly")
+    source = Agent(
+        held=Call((["s1", "s2"], [])),
+        export_session=Split(("raw", "image")),
+        release_session=Call(error=gone),  # killed after the target adopted s1 and s2
+    )
+    target = Agent(adopt_session=Call())
+    manager = ClusterSessionManager(make_config(tmp_path, cluster="local:2"))
+    manager.engine.directory = Directory()
+    manager.nodes = {"a": node("a", source), "b": node("b", target)}
+    report = await manager.drain("a")
+    assert report["moved"] == 2 and report["failed"] == [] and report["why"] == {}
+    assert manager.nodes["a"].state == DRAINING
+    back = await manager.undrain("a")
+    assert back == {"node": "a", "state": ALIVE} and manager.nodes["a"].state == ALIVE
+
+
+async def test_a_session_that_could_not_be_adopted_is_failed_with_why(tmp_path: Path) -> None:
+    source = Agent(
+        held=Call((["s1"], [])),
+        export_session=Split(("raw", "image")),
+        release_session=Call(),
+    )
+    target = Agent(adopt_session=Call(error=RuntimeError("no room for its image")))
+    manager = ClusterSessionManager(make_config(tmp_path, cluster="local:2"))
+    manager.engine.directory = Directory()
+    manager.nodes = {"a": node("a", source), "b": node("b", target)}
+    report = await manager.drain("a")
+    assert report["moved"] == 0 and report["failed"] == ["s1"]
+    assert report["why"] == {"s1": "no room for its image"}
