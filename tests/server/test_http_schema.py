@@ -60,6 +60,7 @@ OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("GET", "/v1/cluster"),
     ("POST", "/v1/cluster/nodes/{node_id}/drain"),
+    ("POST", "/v1/cluster/nodes/{node_id}/resume"),
 ]
 
 
