@@ -164,6 +164,7 @@ class NodeAgent:
             "pool": {name: pool.ready_count for name, pool in manager.pools.items()},
             "memory_available_bytes": memory_available_bytes(),
             "healthy": manager.healthy,
+            "ended_seq": manager.ended_seq,  # sessions that expired here, counted
             "pid": os.getpid(),
         }
 
@@ -228,6 +229,10 @@ class NodeAgent:
     ) -> dict[str, Any]:
         info = await self.manager.create(owner, profile, snapshot, egress)
         return {"info": codec.info_out(info), "stats": self.stats()}
+
+    async def _op_ended_since(self, on_event: EventCallback, seq: int) -> dict[str, Any]:
+        """Sessions that expired here since seq (idle timeout, lifetime): for the directory."""
+        return {"seq": self.manager.ended_seq, "ids": self.manager.ended_since(seq)}
 
     async def _op_holds(self, on_event: EventCallback, session_id: str) -> bool:
         """Whether this node holds the session, whoever owns it (a front end looking for it)."""

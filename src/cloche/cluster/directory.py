@@ -67,6 +67,18 @@ class Directory:
     def forget(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
 
+    def forget_on(self, session_ids: list[str], node_id: str) -> int:
+        """Forget sessions that ended on a node (expired there), unless one has moved on to
+        another node meanwhile; how many were forgotten."""
+        gone = [s for s in session_ids if self.sessions.get(s) == node_id]
+        for session_id in gone:
+            del self.sessions[session_id]
+        return len(gone)
+
+    def size(self) -> dict[str, int]:
+        """What it holds: sessions and snapshots it can place (a metric of the front ends)."""
+        return {"sessions": len(self.sessions), "snapshots": len(self.snapshots)}
+
     def place_snapshot(self, snapshot_id: str, node_id: str) -> None:
         self.snapshots[snapshot_id] = node_id
 

@@ -74,6 +74,8 @@ class Node:
     state: str = ALIVE
     stats: dict[str, Any] = field(default_factory=dict)
     inflight: int = 0  # sessions being created there by this front end
+    ended_seen: int = 0  # its expired sessions, up to this number, are out of the directory
+    collecting: bool = False  # ... and more are being asked for
 
     def view(self) -> dict[str, Any]:
         stats = self.stats
@@ -113,6 +115,7 @@ class ClusterSessionManager(SessionManager):
         self._background: set[asyncio.Task[Any]] = set()
         self._stopped = False
         self.created = 0  # sessions this front end placed
+        self.directory_size: dict[str, int] = {}  # as the directory said at the last look
         self._news = asyncio.Event()  # set at each new report of a node's figures
         if config.llm is not None:  # the RLM endpoint's own calls (cells use their node's)
             from cloche.llm.broker import Broker
@@ -148,6 +151,7 @@ class ClusterSessionManager(SessionManager):
     async def _discover(self) -> None:
         """Agents for new Ray nodes; links to agents others started; others' verdicts."""
         known = await self.engine.directory.all_nodes.remote()
+        self.directory_size = await self.engine.directory.size.remote()
         dead_ray_ids = {n["ray_id"] for n in known if n["state"] == DEAD}
         for entry in known:
             node = self.nodes.get(entry["id"])
@@ -223,6 +227,24 @@ class ClusterSessionManager(SessionManager):
         if node is not None and stats.get("seq", 0) > node.stats.get("seq", 0):
             node.stats = stats
             self._news.set()
+            if stats.get("ended_seq", 0) > node.ended_seen and not node.collecting:
+                node.collecting = True
+                self._in_background(self._forget_ended(node))
+
+    async def _forget_ended(self, node: Node) -> None:
+        """Take the sessions that expired on a node out of the directory (it shrinks with
+        them; those closed through a front end are taken out by it)."""
+        try:
+            assert node.link is not None
+            ended = await node.link.call("ended_since", {"seq": node.ended_seen})
+            if ended["ids"]:
+                await self.engine.directory.forget_on.remote(ended["ids"], node.id)
+                for session_id in ended["ids"]:
+                    if self._where.get(session_id) == node.id:
+                        del self._where[session_id]
+            node.ended_seen = ended["seq"]
+        finally:
+            node.collecting = False
 
     async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
         """Wait until every live node's pool of the profile is full (as its agent reports)."""
@@ -270,6 +292,7 @@ class ClusterSessionManager(SessionManager):
         return {
             "ray_address": self.engine.address,
             "nodes": [node.view() for node in sorted(self.nodes.values(), key=lambda n: n.id)],
+            "directory": self.directory_size,
         }
 
     @property

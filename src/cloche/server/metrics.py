@@ -432,6 +432,14 @@ class _ClusterCollector(Collector):
             "Memory available on a node's machine",
             labels=["node"],
         )
+        directory = GaugeMetricFamily(
+            "cloche_cluster_directory_entries",
+            "Sessions and snapshots the cluster's directory places (expired ones leave it)",
+            labels=["kind"],
+        )
+        for kind, count in sorted(view.get("directory", {}).items()):
+            directory.add_metric([kind], count)
+        yield directory
         for node in view["nodes"]:
             up.add_metric([node["id"], node["state"]], 1 if node["state"] == "alive" else 0)
             sessions.add_metric([node["id"]], node["sessions"])

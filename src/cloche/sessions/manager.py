@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -69,6 +69,8 @@ EgressAsk = str | Mapping[str, Any] | None  # a policy's name, or {"policy", "al
 DOOR_OPEN_TIMEOUT_S = 30.0
 _OPEN_DOOR = "from cloche.kernel import egress as _egress\n_egress.open_door({args})"
 _DROP_CONNECTIONS = "from cloche.kernel import egress as _egress\n_egress.drop_connections()"
+ENDED_KEPT = 10_000  # sessions that ended on their own, remembered for a cluster's directory
+_EXPIRED = frozenset({"idle", "lifetime"})  # ends no front end asked for
 STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
 PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
@@ -389,6 +391,9 @@ class LocalSessionManager(SessionManager):
         self._page_outs = asyncio.Semaphore(config.pause_concurrency)
         self._restores = asyncio.Semaphore(os.cpu_count() or 1)
         self.closed_by_reason: Counter[str] = Counter()
+        # Sessions that ended on their own (see ended_since), numbered from 1.
+        self._ended: deque[tuple[int, str]] = deque(maxlen=ENDED_KEPT)
+        self.ended_seq = 0
         self.created = 0
         self._stopped = False
 
@@ -1217,6 +1222,15 @@ class LocalSessionManager(SessionManager):
         del self._sessions[session.id]
         self.closed_by_reason[reason] += 1
         self.observer.session_closed(reason)
+        if reason in _EXPIRED:
+            self.ended_seq += 1
+            self._ended.append((self.ended_seq, session.id))
+
+    def ended_since(self, seq: int) -> builtins.list[str]:
+        """Sessions that ended here on their own (idle timeout, lifetime) after the
+        `ended_seq` seq, oldest first (the last ENDED_KEPT): a cluster's directory forgets
+        them, as it forgets those a front end closed."""
+        return [session_id for number, session_id in self._ended if number > seq]
 
     async def _checkpoint(self, session: Session, home: Path, *, keeps_running: bool) -> int:
         """Save a running session's image into home (its size). A session with egress has
