@@ -184,8 +184,8 @@ SERVE_OPTIONS = (
         str,
         None,
         "serve sessions held on the nodes of a Ray cluster (needs cloche[cluster]): local:N "
-        "starts one of N nodes here; auto joins this machine's; HOST:PORT or ray://HOST:PORT "
-        "a remote one",
+        "starts one of N nodes here; auto joins this machine's; HOST:PORT (the head's GCS) "
+        "a remote one, from inside its network",
     ),
     _Option(
         "--cluster-agent-port",
@@ -344,7 +344,7 @@ def _add_serve(subparsers: Any) -> None:
         "--cluster-insecure",
         action="store_true",
         default=_flag(os.environ.get("CLOCHE_CLUSTER_INSECURE", "no")),
-        help="join a Ray cluster (--cluster auto|HOST:PORT|ray://) that does not enforce "
+        help="join a Ray cluster (--cluster auto|HOST:PORT) that does not enforce "
         "Ray's token authentication, or start local:N without it, with a warning at every "
         "start: anyone who reaches its ports can run code on its machines "
         "[env CLOCHE_CLUSTER_INSECURE]",

@@ -145,7 +145,7 @@ class ServerConfig:
     egress_policy: Path | None = None
     egress_audit: Path | None = None  # JSON lines of egress; None: <data_dir>/egress/audit.jsonl
     egress_secrets: Path | None = None  # --secrets: values the proxy puts into requests
-    # --cluster: sessions on the nodes of a Ray cluster (local:N, auto, HOST:PORT, ray://...);
+    # --cluster: sessions on the nodes of a Ray cluster (local:N, auto, HOST:PORT);
     # None: in this process
     cluster: str | None = None
     cluster_agent_port: int = 7100  # each node agent's data path (0: any free port)

@@ -17,7 +17,8 @@ from support import make_config, require_cluster
         ("local:x", "local:N takes 1 to 16 nodes"),
         ("local:0", "local:N takes 1 to 16 nodes"),
         ("local:99", "local:N takes 1 to 16 nodes"),
-        ("nonsense", "must be local:N, auto, HOST:PORT or ray://HOST:PORT"),
+        ("nonsense", "must be local:N, auto or HOST:PORT"),
+        ("ray://127.0.0.1:10001", r"Ray Client\) is not supported: a front end sends cells"),
         ("127.0.0.1:1", "no Ray cluster answers at 127.0.0.1:1"),
     ],
 )

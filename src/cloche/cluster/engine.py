@@ -48,6 +48,17 @@ LOCAL_SYSTEM_CONFIG = {
 }
 
 
+# Ray Client (ray://) runs a driver outside the cluster's network. A front end sends cells
+# straight to each node's agent (--cluster-agent-port, on the node's cluster address): from
+# outside, those are not reachable, and through Ray Client every cell would pay Ray's proxy.
+RAY_CLIENT_REFUSED = (
+    "--cluster ray://... (Ray Client) is not supported: a front end sends cells straight to "
+    "each node's agent, which a driver outside the cluster's network cannot reach. Run "
+    "cloche serve inside the cluster (on one of its machines, or a pod of its network) with "
+    "--cluster auto or --cluster HOST:PORT of the head's GCS"
+)
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -110,11 +121,11 @@ class Engine:
             except BaseException:
                 self.close()
                 raise
+        elif self.spec.startswith("ray://"):
+            raise ConfigError(RAY_CLIENT_REFUSED)
         elif self.spec != "auto" and ":" not in self.spec:
-            raise ConfigError(
-                f"--cluster must be local:N, auto, HOST:PORT or ray://HOST:PORT, not {self.spec!r}"
-            )
-        elif self.spec != "auto" and not self.spec.startswith("ray://"):
+            raise ConfigError(f"--cluster must be local:N, auto or HOST:PORT, not {self.spec!r}")
+        elif self.spec != "auto":
             _reachable(self.spec)  # Ray itself would wait minutes for a GCS that isn't there
             self._check_token_required(lambda: ray_auth.requires_token(self.spec))
             ray_auth.check_token(self.spec)  # Ray would retry for ~20 s, then say "can't"
@@ -126,11 +137,6 @@ class Engine:
                     logging_level=logging.WARNING,
                     log_to_driver=False,
                 )
-        except ImportError as exc:  # ray:// needs Ray Client's gRPC
-            self.close()
-            raise ConfigError(
-                f"--cluster {address} needs Ray Client: pip install 'ray[client]==2.60.0' ({exc})"
-            ) from exc
         except ray.exceptions.AuthenticationError as exc:
             self.close()
             raise ConfigError(
@@ -146,9 +152,6 @@ class Engine:
         self.address = ray.get_runtime_context().gcs_address
         if self.spec == "auto":
             self._check_token_required(lambda: ray_auth.requires_token(self.address))
-        elif self.spec.startswith("ray://"):  # its GCS may be out of our reach: ask inside
-            probe = ray.remote(num_cpus=0)(ray_auth.requires_token)
-            self._check_token_required(lambda: bool(ray.get(probe.remote(self.address))))
         self._agent_class = ray.remote(NodeAgent)
         head = _head_affinity(ray)
         self.directory = (
@@ -337,7 +340,7 @@ def _driver_on(address: str) -> Iterator[None]:
     """
     from ray._private import ray_constants
 
-    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    host = address.rpartition(":")[0].strip("[]")
     if host not in ("127.0.0.1", "localhost", "::1"):
         yield
         return
