@@ -12,6 +12,7 @@ import json
 import secrets
 import ssl
 import threading
+from pathlib import Path
 
 UPSTREAM_HOST = "127.0.0.2"
 
@@ -102,3 +103,13 @@ class Upstream:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
+
+
+def write_secrets(directory: Path, port: int) -> Path:
+    """A --secrets file (owner-only) with API_TOKEN = SECRET_VALUE for UPSTREAM_HOST:port."""
+    path = directory / "secrets.toml"
+    path.write_text(
+        f'[secrets.API_TOKEN]\nvalue = "{SECRET_VALUE}"\nhosts = ["{UPSTREAM_HOST}:{port}"]\n'
+    )
+    path.chmod(0o600)
+    return path

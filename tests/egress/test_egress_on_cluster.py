@@ -12,7 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from egress_upstream import AUTHORIZATIONS, SECRET_VALUE, UPSTREAM_HOST, Upstream
+from egress_upstream import (
+    AUTHORIZATIONS,
+    SECRET_VALUE,
+    UPSTREAM_HOST,
+    Upstream,
+    write_secrets,
+)
 from support import ServerThread, cluster_server, make_config, make_test_ca
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -47,12 +53,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         f'allow = ["{UPSTREAM_HOST}:{plain.port}", "{UPSTREAM_HOST}:{secure.port}"]\n'
         'secrets = ["API_TOKEN"]\n'
     )
-    secrets_file = base / "secrets.toml"
-    secrets_file.write_text(
-        f'[secrets.API_TOKEN]\nvalue = "{SECRET_VALUE}"\n'
-        f'hosts = ["{UPSTREAM_HOST}:{secure.port}"]\n'
-    )
-    secrets_file.chmod(0o600)
+    secrets_file = write_secrets(base, secure.port)
     config = make_config(
         base / "state",
         cluster="local:2",

@@ -22,6 +22,7 @@ from egress_upstream import (
     SECRET_VALUE,
     UPSTREAM_HOST,
     Upstream,
+    write_secrets,
 )
 from support import ServerThread, make_config, make_test_ca, require_gvisor
 
@@ -46,12 +47,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         f'allow = ["{UPSTREAM_HOST}:{plain.port}", "{UPSTREAM_HOST}:{secure.port}"]\n'
         'secrets = ["API_TOKEN"]\n'
     )
-    secrets_file = base / "secrets.toml"
-    secrets_file.write_text(
-        f'[secrets.API_TOKEN]\nvalue = "{SECRET_VALUE}"\n'
-        f'hosts = ["{UPSTREAM_HOST}:{secure.port}"]\n'
-    )
-    secrets_file.chmod(0o600)
+    secrets_file = write_secrets(base, secure.port)
     audit = base / "audit.jsonl"
     config = make_config(
         base / "state", egress_policy=policy, egress_audit=audit, egress_secrets=secrets_file

@@ -383,7 +383,7 @@ class Door:
             with socket.socket(fileno=os.dup(sink.fileno())) as ours:
                 try:
                     if watch_status:
-                        await _readable(upstream.fileno())
+                        await _ready(upstream.fileno(), None)
                         record["status"] = _status_of(upstream.recv(512, socket.MSG_PEEK))
                     await _splice_all(
                         upstream.fileno(),
@@ -458,10 +458,6 @@ async def _splice_all(source: int, sink: int, count: Callable[[int], bool]) -> N
     finally:
         os.close(out)
         os.close(into)
-
-
-async def _readable(fd: int) -> None:
-    await _ready(fd, None)
 
 
 async def _ready(readable: int | None, writable: int | None) -> None:

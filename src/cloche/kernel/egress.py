@@ -129,20 +129,19 @@ class _Relay:
         self._done = threading.Event()
 
     def drop(self, timeout_s: float) -> int:
-        with self._lock:
-            self._done.clear()
-            self._wake.send(b"x")
-            if not self._done.wait(timeout_s):
-                raise TimeoutError("the egress relay did not end its connections")
-            return self._dropped.pop()
+        return self._ask(b"x", timeout_s)
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """End every connection and stop listening (run returns); the number ended."""
+        return self._ask(b"s", timeout_s)
+
+    def _ask(self, what: bytes, timeout_s: float) -> int:
+        """Have the relay's thread end every connection (and stop, for b"s")."""
         with self._lock:
             self._done.clear()
-            self._wake.send(b"s")
+            self._wake.send(what)
             if not self._done.wait(timeout_s):
-                raise TimeoutError("the egress relay did not stop")
+                raise TimeoutError("the egress relay did not end its connections")
             return self._dropped.pop()
 
     def _end(self) -> None:
