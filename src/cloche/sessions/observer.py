@@ -8,7 +8,7 @@ metrics are observed from above and never imported from below.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cloche.sessions.result import CellResult
@@ -16,6 +16,22 @@ if TYPE_CHECKING:
 
 class Observer:
     """Told about sessions, cells, sandboxes, images, installs and LLM calls; does nothing."""
+
+    # -- events (operations.md: the bus behind /v1/events and webhooks) --------------------
+
+    def event(
+        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+    ) -> None:
+        """Something an operator may be told about happened.
+
+        Args:
+            kind: `session.created`, `session.paused`, `session.resumed`, `session.forked`,
+                `session.snapshotted`, `session.closed`, `cell.started`, `cell.finished`,
+                `quota.exceeded`, `node.up`, `node.draining`, `node.dead`.
+            session_id: the session it is about, if any.
+            owner_key: the hash of the owner's token (`sessions.session.owner_key`), if any.
+            data: JSON-ready details (e.g. `end_reason`, `execution_count`, `profile`).
+        """
 
     # -- sandboxes and sessions -----------------------------------------------------------
 
