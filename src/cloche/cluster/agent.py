@@ -23,9 +23,11 @@ from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
 from cloche.config import ServerConfig
 from cloche.errors import ClocheError, PathRefused, SessionLost
+from cloche.llm.bridge import SessionsLLM
+from cloche.llm.broker import Broker
 from cloche.sandbox.registry import create_backend
 from cloche.sessions.kernel import EventCallback
-from cloche.sessions.manager import LocalSessionManager
+from cloche.sessions.local import LocalSessionManager
 from cloche.sessions.observer import Observer
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
@@ -113,8 +115,13 @@ class NodeAgent:
         self.figures = figures() if figures is not None else None
         observer = self.figures if isinstance(self.figures, Observer) else None
         self.egress = _node_egress(config, self.figures, egress_ca)  # this node's doors
+        self.broker: Broker | None = None  # llm_query for this node's cells
+        llm = None
+        if config.llm is not None:
+            self.broker = Broker(config.llm, observer)
+            llm = SessionsLLM(self.broker, config.max_frame_bytes)
         self.manager = LocalSessionManager(
-            config, create_backend(config), observer=observer, egress=self.egress
+            config, create_backend(config), observer=observer, egress=self.egress, llm=llm
         )
         if self.figures is not None:
             self.figures.watch(self.manager)
@@ -152,6 +159,8 @@ class NodeAgent:
         await self.manager.stop()
         if self.egress is not None:
             self.egress.close()
+        if self.broker is not None:
+            await self.broker.close()
 
     def stats(self) -> dict[str, Any]:
         """What placement and GET /v1/cluster need; `seq` orders answers from this agent."""

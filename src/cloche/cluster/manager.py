@@ -117,10 +117,6 @@ class ClusterSessionManager(SessionManager):
         self.created = 0  # sessions this front end placed
         self.directory_size: dict[str, int] = {}  # as the directory said at the last look
         self._news = asyncio.Event()  # set at each new report of a node's figures
-        if config.llm is not None:  # the RLM endpoint's own calls (cells use their node's)
-            from cloche.llm.broker import Broker
-
-            self.llm = Broker(config.llm, self.observer)
 
     # -- joining and watching the cluster ---------------------------------------------------
 

@@ -200,3 +200,15 @@ def install_code(config: LLMConfig, max_frame_bytes: int) -> str:
         f"_llm.install(max_prompt_chars={config.max_prompt_chars}, "
         f"max_batch={config.max_batch}, max_request_bytes={max_frame_bytes})\n"
     )
+
+
+class SessionsLLM:
+    """A session manager's way to `llm_query` (`cloche.sessions.kernel.LLMHookup`): the
+    broker, handed down by whoever made it (the server, or a cluster node's agent)."""
+
+    def __init__(self, broker: Broker, max_frame_bytes: int) -> None:
+        self.broker = broker
+        self.setup_code = install_code(broker.config, max_frame_bytes)
+
+    def for_kernel(self, session_id: str, kernel: Kernel) -> KernelLLM:
+        return KernelLLM(self.broker, self.broker.budget(session_id), kernel)

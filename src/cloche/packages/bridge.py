@@ -18,19 +18,37 @@ import asyncio
 import logging
 import shlex
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from cloche.errors import InvalidMessage, PackageInstallError
 from cloche.kernel.pip import FUNCTION
-from cloche.llm.bridge import Kernel
 from cloche.packages.installer import SessionPackages
 from cloche.packages.requirements import MAX_REQUIREMENT_CHARS, MAX_REQUIREMENTS
-from cloche.sessions.result import CellResult, CellStatus
 
 log = logging.getLogger("cloche.packages")
 
 _MAX_ID = 2**53
 _KEYS = frozenset({"op", "id", "requirements"})
+
+
+class Kernel(Protocol):
+    """What the installer's side needs of a session's kernel client."""
+
+    def hold_deadline(self, cell: Any, held: bool) -> None: ...
+
+    def send(self, message: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class SilentRun:
+    """How the silent cell that ran an install ended (the session layer's result, told in
+    the words this layer needs)."""
+
+    ok: bool  # the cell ended normally
+    ended: str  # how it ended otherwise (timeout, interrupted, killed, ...)
+    message: str  # the session layer's words for that
+    error: dict[str, Any] | None  # the exception the cell raised: {ename, evalue, ...}
 
 
 def parse_request(message: dict[str, Any]) -> tuple[int, list[str]]:
@@ -112,7 +130,7 @@ class KernelPip:
             self.kernel.send(reply)
 
     async def install_through_cell(
-        self, specs: list[str], run_silent: Callable[[str], Awaitable[CellResult]]
+        self, specs: list[str], run_silent: Callable[[str], Awaitable[SilentRun]]
     ) -> list[dict[str, str]]:
         """Install as `%pip install` would, in a silent cell queued behind the session's
         others (for the HTTP API); [{name, version}] installed. Raises PackageInstallError."""
@@ -120,8 +138,8 @@ class KernelPip:
         result = await run_silent(f"{FUNCTION}({shlex.join(['install', '-q', *specs])!r})")
         if result.error is not None:
             raise PackageInstallError(result.error["evalue"] or result.error["ename"])
-        if result.status is not CellStatus.OK or self.last is None:
-            raise PackageInstallError(result.message or f"the install ended {result.status.value}")
+        if not result.ok or self.last is None:
+            raise PackageInstallError(result.message or f"the install ended {result.ended}")
         if "error" in self.last:
             raise PackageInstallError(str(self.last["error"]))
         return list(self.last.get("installed", []))

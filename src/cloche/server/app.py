@@ -14,11 +14,13 @@ from cloche.sandbox.registry import create_backend
 from cloche.server.http import HTTPFrontEnd
 from cloche.server.metrics import Metrics
 from cloche.server.tcp import TCPFrontEnd
-from cloche.sessions.manager import LocalSessionManager
+from cloche.sessions.local import LocalSessionManager
 
 if TYPE_CHECKING:
     from cloche.cluster.manager import ClusterSessionManager
     from cloche.egress.service import Egress
+    from cloche.llm.bridge import SessionsLLM
+    from cloche.llm.broker import Broker
 
 log = logging.getLogger("cloche.server")
 
@@ -29,6 +31,24 @@ def blocking_threads(config: ServerConfig) -> int:
     return min(1024, max(32, 2 * config.max_sessions))
 
 
+def _broker(config: ServerConfig, metrics: Metrics) -> Broker | None:
+    """The language-model broker, when the server has a model (--llm-base-url)."""
+    if config.llm is None:
+        return None
+    from cloche.llm.broker import Broker
+
+    return Broker(config.llm, metrics)
+
+
+def _sessions_llm(broker: Broker | None, config: ServerConfig) -> SessionsLLM | None:
+    """How a manager gives its sessions' cells `llm_query`: the broker, handed down."""
+    if broker is None:
+        return None
+    from cloche.llm.bridge import SessionsLLM
+
+    return SessionsLLM(broker, config.max_frame_bytes)
+
+
 class Server:
     """`cloche serve`: TCP and HTTP front ends over one session manager."""
 
@@ -37,11 +57,14 @@ class Server:
         self.backend: Backend | None = None
         self.egress: Egress | None = None  # with --egress-policy
         self.manager: LocalSessionManager | ClusterSessionManager
+        # The language-model broker (llm_query, the RLM endpoint), with --llm-base-url.
+        self.broker: Broker | None = None
         if config.cluster:  # sessions on the nodes of a Ray cluster: no sandbox here
             from cloche.cluster.manager import ClusterSessionManager
 
             self.metrics = Metrics()
             self.manager = ClusterSessionManager(config, self.metrics, node_figures=Metrics)
+            self.broker = _broker(config, self.metrics)  # the RLM endpoint's own calls
             self.metrics.watch_cluster(self.manager.cluster_view)
         else:
             self.backend = backend or create_backend(config)
@@ -53,8 +76,13 @@ class Server:
                 self.egress = Egress.load(
                     config.egress_policy, audit, self.metrics.egress_record, config.egress_secrets
                 )
+            self.broker = _broker(config, self.metrics)
             self.manager = LocalSessionManager(
-                config, self.backend, observer=self.metrics, egress=self.egress
+                config,
+                self.backend,
+                observer=self.metrics,
+                egress=self.egress,
+                llm=_sessions_llm(self.broker, config),
             )
             self.metrics.watch(self.manager)
         self.tcp = TCPFrontEnd(self.manager, config, self.metrics)
@@ -73,6 +101,7 @@ class Server:
         try:
             await self.tcp.start()
             self.http = HTTPFrontEnd(self.manager, self.config, self.metrics)
+            self.http.app.state.broker = self.broker
             self._http_task = asyncio.create_task(self.http.serve(), name="cloche-http")
         except BaseException:
             await self.stop()
@@ -104,6 +133,8 @@ class Server:
             await asyncio.gather(self._http_task, return_exceptions=True)
         if self.egress is not None:
             self.egress.close()
+        if self.broker is not None:
+            await self.broker.close()
         log.info("stopped")
 
     async def serve_forever(self) -> None:

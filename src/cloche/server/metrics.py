@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from cloche.sessions.observer import Observer
 
 if TYPE_CHECKING:
-    from cloche.sessions.manager import LocalSessionManager
+    from cloche.sessions.local import LocalSessionManager
     from cloche.sessions.result import CellResult
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

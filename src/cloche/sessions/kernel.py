@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable
 from itertools import groupby
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cloche.config import MIB, Limits
 from cloche.errors import (
@@ -29,12 +29,36 @@ from cloche.sandbox.base import ExitStep, Sandbox
 from cloche.sessions.result import CellResult, CellStatus
 
 if TYPE_CHECKING:
-    from cloche.llm.bridge import KernelLLM
     from cloche.packages.bridge import KernelPip
 
 log = logging.getLogger("cloche.kernel")
 
 EventCallback = Callable[[dict[str, Any]], None]
+
+
+class LLMRequests(Protocol):
+    """The host's side of one kernel's `llm_query` requests (`cloche.llm.bridge`)."""
+
+    def request(self, cell: object, message: dict[str, Any]) -> None:
+        """A request of the running cell: answer it when the model has."""
+
+    def stop(self, cell: object, why: str, *, interrupted: bool = False) -> None:
+        """The cell is stopping: answer its requests in flight with why."""
+
+    def end(self, cell: object) -> None:
+        """The cell ended: forget its requests."""
+
+
+class LLMHookup(Protocol):
+    """What a manager is handed to give its sessions `llm_query`: the broker, on the
+    server's side of the wall (`cloche.llm.bridge.SessionsLLM`). Sessions never import
+    the language-model layer: it sits above them (its RLM loop runs cells)."""
+
+    setup_code: str  # silent code every new sandbox runs: switches llm_query on
+
+    def for_kernel(self, session_id: str, kernel: KernelClient) -> LLMRequests:
+        """The answerer of one session's kernel, spending that session's budget."""
+
 
 # Output a kernel may send beyond a cell's limit before it counts as a flood (its own
 # kernel caps output, so only a hostile one gets near this).
@@ -120,7 +144,7 @@ class KernelClient:
         self._between_cells_chars = 0
         self._exit_step: ExitStep | None = None
         self.killing = False
-        self.llm: KernelLLM | None = None  # answers the cells' llm_query, when configured
+        self.llm: LLMRequests | None = None  # answers the cells' llm_query, when configured
         # A kernel restored from an image reseeds its random numbers first (a copy of a
         # session must not draw the same ones); a paused session resumed goes on exactly.
         self.reseed = True

@@ -40,6 +40,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
         summary="Stateful Python sessions, each in its own gVisor sandbox",
     )
     app.state.manager = manager
+    app.state.broker = None  # the LLM broker (the RLM endpoint), set by the server
     app.state.metrics = metrics
     app.state.tokens = config.tokens
     app.state.limits = config.limits

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 
 from cloche.errors import LLMUnavailable
+from cloche.llm.broker import Broker
 from cloche.llm.context import put_context_value
 from cloche.llm.rlm import RLM
 from cloche.server.http.auth import owner_of
@@ -45,7 +46,7 @@ async def chat_completions(
     ),
 ) -> JSONResponse:
     manager: SessionManager = request.app.state.manager
-    broker = manager.llm
+    broker: Broker | None = request.app.state.broker
     if broker is None:
         raise LLMUnavailable(
             "this server has no LLM backend: start it with --llm-base-url and --llm-model"

@@ -1,0 +1,562 @@
+"""Live sessions of one machine: create, find, run, files, close, expire.
+
+The first layer of `LocalSessionManager` (`sessions.local`): what a session is while its
+sandbox runs. Saving one (pause, snapshot, fork) is the next layer's
+(`sessions.durability`), which this one calls through the abstract methods at its end.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import builtins
+import logging
+import os
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterable, Coroutine, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cloche.config import MIB, ServerConfig
+from cloche.errors import (
+    KernelDied,
+    SandboxStartError,
+    SessionLost,
+    SessionMoved,
+    SessionNotFound,
+    UnknownProfile,
+)
+from cloche.packages.bridge import KernelPip, SilentRun
+from cloche.packages.installer import Installer
+from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, file_profiles
+from cloche.protocol.paths import normalise
+from cloche.sandbox.base import Backend
+from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
+from cloche.sessions.doors import EgressAsk, SessionDoors, egress_record, owner_tag, placeholders_of
+from cloche.sessions.durable import Checkpoints
+from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
+from cloche.sessions.kernel import EventCallback, KernelClient, LLMHookup
+from cloche.sessions.manager import InstalledPackages, SessionManager, new_session_id
+from cloche.sessions.observer import Observer
+from cloche.sessions.pool import WarmPool
+from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
+from cloche.sessions.result import CellResult, CellStatus
+from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
+from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
+
+if TYPE_CHECKING:
+    from cloche.egress.service import Egress
+
+log = logging.getLogger("cloche.session")
+
+ENDED_KEPT = 10_000  # sessions that ended on their own, remembered for a cluster's directory
+_EXPIRED = frozenset({"idle", "lifetime"})  # ends no front end asked for
+STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
+PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
+
+
+class LiveSessions(SessionManager):
+    """Sessions held in this process, each in its own sandbox from `backend`; paused ones
+    and snapshots on disk under --data-dir. What happens is told to `observer` (the
+    server's metrics; by default nobody)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        backend: Backend,
+        observer: Observer | None = None,
+        egress: Egress | None = None,
+        llm: LLMHookup | None = None,
+    ) -> None:
+        self.config = config
+        self.egress = egress  # the server's egress policies
+        self.doors = SessionDoors(egress)  # the sessions' ways out, by session id
+        self.backend = backend
+        self.limits = config.limits
+        self.llm = llm  # llm_query for the sessions' cells, when the server has a model
+        llm_setup = llm.setup_code if llm is not None else ""  # run by every new sandbox
+        self._llm_setup = llm_setup
+        self.pools = {
+            profile.name: WarmPool(
+                backend,
+                config.limits,
+                replace(
+                    profile,
+                    preload=profile.preload + llm_setup,
+                    template=profile.template and config.data_template,
+                ),
+                size=size,
+                max_frame_bytes=config.max_frame_bytes,
+                start_concurrency=config.start_concurrency,
+                max_size=config.pool_max,
+            )
+            for profile, size in ((LEAN, config.pool_size), (DATA, config.data_pool_size))
+        }
+        self.pool = self.pools[LEAN.name]
+        self.observer = observer or Observer()
+        self.installer = Installer(
+            config.packages, sys.executable, config.runtime_dir, self.observer
+        )
+        self.catalog: ProfileCatalog | None = None  # profiles from --profiles
+        if config.profiles_file is not None:
+            self.catalog = file_profiles(
+                config.profiles_file,
+                config.limits.memory_mib,
+                self.installer.pip,
+                self.installer.cache,
+                self._profile_ready,
+            )
+        for pool in self.pools.values():
+            pool.on_start = self._sandbox_started
+        self.store = Store(config.data_dir, config.data_max_mib * MIB)
+        self.checkpoints = Checkpoints(self.store, backend, config.limits, config.max_frame_bytes)
+        self._sessions: dict[str, Session] = {}
+        slots = config.cell_slots or SLOTS_PER_CORE * (os.cpu_count() or 1)
+        self.gate = CellGate(slots, config.cell_slice_s)
+        # Sessions gone for good, told as lost until their lifetime ends: id -> (owner key,
+        # why, unix time of their creation)
+        self._lost: dict[str, tuple[str | None, str, float]] = {}
+        self._snapshots: dict[str, SnapshotRecord] = {}
+        # Sessions being handed to another node: their requests wait for the move's end
+        self._moving: dict[str, asyncio.Event] = {}
+        self._moved: set[str] = set()  # handed over: asked here, they say where to look
+        self._creating = 0
+        self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._pausing: dict[str, asyncio.Task[None]] = {}  # page-outs under way
+        self._page_outs = asyncio.Semaphore(config.pause_concurrency)
+        self._restores = asyncio.Semaphore(os.cpu_count() or 1)
+        self.closed_by_reason: Counter[str] = Counter()
+        # Sessions that ended on their own (see ended_since), numbered from 1.
+        self._ended: deque[tuple[int, str]] = deque(maxlen=ENDED_KEPT)
+        self.ended_seq = 0
+        self.created = 0
+        self._stopped = False
+
+    async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
+        if profile in self.pools:
+            await self.pools[profile].wait_full(timeout_s)
+
+    def _profile_ready(self, status: ProfileStatus) -> None:
+        """A profile of the file has its runtime: start its pool."""
+        spec = status.spec
+        assert spec is not None
+        limits = self.limits
+        if spec.memory_mib is not None:
+            limits = replace(limits, memory_mib=spec.memory_mib)
+        profile = Profile(
+            spec.name, preload=spec.preload_code + self._llm_setup, runtime_dir=status.runtime_dir
+        )
+        pool = WarmPool(
+            self.backend,
+            limits,
+            profile,
+            size=spec.pool,
+            max_frame_bytes=self.config.max_frame_bytes,
+            start_concurrency=self.config.start_concurrency,
+        )
+        pool.on_start = self._sandbox_started
+        self.pools[spec.name] = pool
+        if not self._stopped:
+            pool.start()
+
+    async def _pool(self, name: str) -> WarmPool:
+        """The pool of a profile; one of the file waits while it builds (up to a limit)."""
+        if name in self.pools:
+            return self.pools[name]
+        status = None
+        if self.catalog is not None:
+            try:
+                status = await self.catalog.wait(name, PROFILE_WAIT_S)
+            except TimeoutError:
+                raise SandboxStartError(
+                    f"profile {name!r} is still building its runtime; try again shortly "
+                    "(GET /v1/profiles shows its state)"
+                ) from None
+        if status is not None and name not in self.pools:
+            raise UnknownProfile(status.error or f"profile {name!r} can't serve")
+        return self.pools.get(name) or self.pools[get_profile(name).name]
+
+    def profiles(self) -> list[dict[str, Any]]:
+        """Every profile with its state and packages (blocking: reads runtimes' listings)."""
+        return describe(self.catalog, self.config.runtime_dir)
+
+    def _sandbox_started(self, profile: str, seconds: float, ok: bool) -> None:
+        if ok:
+            self.observer.sandbox_started(profile, seconds)
+        else:
+            self.observer.sandbox_start_failed(profile)
+
+    @property
+    def metrics(self) -> Observer:
+        """The observer, under the name tools and tests read the server's metrics by."""
+        return self.observer
+
+    @property
+    def healthy(self) -> bool:
+        return not self._stopped and (self.pool.ready_count > 0 or self.pool.last_start_ok)
+
+    async def create(
+        self,
+        owner: str | None = None,
+        profile: str = "lean",
+        snapshot: str | None = None,
+        egress: EgressAsk = None,
+    ) -> SessionInfo:
+        if egress is None and self.catalog is not None:  # the profile's own, if it has one
+            status = self.catalog.statuses.get(profile)
+            if status is not None and status.spec is not None:
+                egress = status.spec.egress
+        policy = self.doors.policy_for(egress)
+        placeholders: dict[str, str] = {}
+        if snapshot is not None:
+            taken = self._snapshot(snapshot, owner).egress
+            placeholders = placeholders_of(taken)  # in the image's memory
+            if egress is None:  # the snapshot's own, as it was taken
+                policy = self.doors.policy_again(taken, snapshot)
+            session = await self._from_snapshot(snapshot, owner)
+        else:
+            session = await self._create(owner, profile)
+        if policy is not None:
+            session.placeholders = placeholders
+            try:
+                await self.doors.open(session, policy)
+            except BaseException:
+                self._remove(session, "lost")
+                await self._close(session, "lost")
+                raise
+        return session.info()
+
+    async def _create(self, owner: str | None, profile: str = "lean") -> Session:
+        pool = await self._pool(profile)
+        await self._room_for(1)
+        self._creating += 1
+        try:
+            kernel = await pool.take()
+        finally:
+            self._creating -= 1
+        return self._adopt(kernel, owner_key(owner), profile)
+
+    def _adopt(
+        self, kernel: KernelClient, key: str | None, profile: str, execution_count: int = 0
+    ) -> Session:
+        """A new session (new id) on a started kernel, with its record on disk."""
+        session = Session(
+            new_session_id(),
+            kernel,
+            key,
+            self.config.max_queued_cells,
+            profile=profile,
+            freeze_idle_s=self.config.limits.freeze_idle_s,
+            execution_count=execution_count,
+            gate=self.gate,
+        )
+        session.waker = self._wake
+        self._equip(session, kernel)
+        self._sessions[session.id] = session
+        self.store.save(self._record(session, RecordState.LIVE))
+        self.created += 1
+        self.observer.session_created(profile)
+        log.info(
+            "session start id=%s sandbox=%s profile=%s owner=%s",
+            session.id,
+            kernel.id,
+            profile,
+            owner_tag(key),
+        )
+        return session
+
+    def _equip(self, session: Session, kernel: KernelClient) -> None:
+        """Give a session's kernel what its cells reach through the channel: the LLM broker
+        and package installs."""
+        if self.llm is not None:
+            kernel.llm = self.llm.for_kernel(session.id, kernel)
+        packages = self.installer.for_session(kernel.sandbox, self._runtime_of(session.profile))
+        kernel.pip = KernelPip(packages, kernel)
+
+    def _runtime_of(self, profile: str) -> Path | None:
+        """The runtime a profile's sandboxes mount instead of the server's, if any."""
+        pool = self.pools.get(profile)
+        return pool.profile.runtime_dir if pool is not None else None
+
+    def _record(self, session: Session, state: RecordState, origin: str = "") -> SessionRecord:
+        info = session.info()
+        return SessionRecord(
+            id=session.id,
+            owner_key=session.owner_key,
+            profile=session.profile,
+            created_at=info.created_at,
+            last_active=info.last_active,
+            execution_count=session.execution_count,
+            state=state,
+            egress=egress_record(session),
+            origin=origin,
+        )
+
+    @property
+    def live_count(self) -> int:
+        return len(self._sessions) - self.paused_count + self._creating
+
+    @property
+    def paused_count(self) -> int:
+        return sum(1 for s in self._sessions.values() if s.paused)
+
+    def _find(self, session_id: str, owner: str | None) -> Session:
+        if session_id in self._moved:
+            raise SessionMoved(session_id)
+        session = self._sessions.get(session_id)
+        key = owner_key(owner)
+        if session is None or session.owner_key != key or not session.usable:
+            lost = self._lost.get(session_id)
+            if lost is not None and lost[0] == key:
+                raise SessionLost(session_id, lost[1])
+            raise SessionNotFound(session_id)
+        return session
+
+    async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        return self.get(session_id, owner)
+
+    async def sessions(self, owner: str | None = None) -> list[SessionInfo]:
+        return self.list(owner)
+
+    def get(self, session_id: str, owner: str | None = None) -> SessionInfo:
+        """`info`, for code on the server's own loop (and tests)."""
+        return self._find(session_id, owner).info()
+
+    def session_ids(self) -> builtins.list[str]:
+        """Every session held here, whoever owns it, paused ones too."""
+        return builtins.list(self._sessions)
+
+    def snapshot_ids(self) -> builtins.list[str]:
+        return builtins.list(self._snapshots)
+
+    def list(self, owner: str | None = None) -> list[SessionInfo]:
+        """`sessions`, for code on the server's own loop (and tests)."""
+        key = owner_key(owner)
+        return [s.info() for s in self._sessions.values() if s.owner_key == key and s.usable]
+
+    async def execute(
+        self,
+        session_id: str,
+        code: str,
+        *,
+        owner: str | None = None,
+        timeout_s: float | None = None,
+        on_event: EventCallback | None = None,
+        track_files: bool = False,
+        silent: bool = False,
+        stdin: bool = False,
+        pager: bool = False,
+    ) -> CellResult:
+        session = self._find(session_id, owner)
+        limit = self.limits.cell_timeout_s
+        timeout = min(timeout_s, limit) if timeout_s and timeout_s > 0 else limit
+        started = time.perf_counter()
+        try:
+            result = await session.execute(
+                code,
+                timeout_s=timeout,
+                on_event=on_event,
+                track_files=track_files,
+                silent=silent,
+                stdin=stdin,
+                pager=pager,
+            )
+        except KernelDied as exc:
+            self._forget(session, "lost")
+            raise SessionNotFound(session_id) from exc
+        self.observer.cell_finished(result, time.perf_counter() - started)
+        if result.status is CellStatus.KILLED:
+            self._forget(session, "killed")
+        return result
+
+    async def install_packages(
+        self, session_id: str, specs: Sequence[str], owner: str | None = None
+    ) -> InstalledPackages:
+        session = self._find(session_id, owner)
+        await session.wake()
+        pip = session.kernel.pip if session.kernel is not None else None
+        if pip is None:  # closed while it was being woken
+            raise SessionNotFound(session_id)
+
+        async def run_silent(code: str) -> SilentRun:
+            result = await self.execute(session_id, code, owner=owner, silent=True)
+            ok = result.status is CellStatus.OK
+            return SilentRun(ok, result.status.value, result.message or "", result.error)
+
+        return await pip.install_through_cell(list(specs), run_silent)
+
+    async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
+        session = self._find(session_id, owner)
+        await session.wake()
+        return session.interrupt()
+
+    async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
+        session = self._find(session_id, owner)
+        return session.kernel is not None and session.kernel.answer_input(value)
+
+    async def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
+        """The working directory itself (blocking methods: call them in a thread)."""
+        session = self._find(session_id, owner)
+        await session.wake()
+        if session.files is None:  # closed while it was being woken
+            raise SessionNotFound(session_id)
+        return session.files
+
+    async def list_files(self, session_id: str, owner: str | None = None) -> FileListing:
+        files = await self.files(session_id, owner)
+        return await asyncio.to_thread(files.list)
+
+    async def read_file(self, session_id: str, path: str, owner: str | None = None) -> bytes:
+        files = await self.files(session_id, owner)
+        return await asyncio.to_thread(files.read, path)
+
+    async def write_files(
+        self, session_id: str, files: Sequence[tuple[str, bytes]], owner: str | None = None
+    ) -> None:
+        workdir = await self.files(session_id, owner)
+
+        def write_all() -> None:
+            for path, data in files:
+                workdir.write(path, data)
+
+        await asyncio.to_thread(write_all)
+
+    async def write_stream(
+        self,
+        session_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        owner: str | None = None,
+    ) -> int:
+        streamed = StreamedFile(await self.files(session_id, owner), normalise(path))
+        await asyncio.to_thread(streamed.open)
+        try:
+            buffer = bytearray()
+            async for chunk in chunks:
+                buffer += chunk
+                if len(buffer) >= STREAM_FLUSH_BYTES:
+                    await asyncio.to_thread(streamed.write, bytes(buffer))
+                    buffer.clear()
+            await asyncio.to_thread(streamed.write, bytes(buffer))
+            await asyncio.to_thread(streamed.finish)
+        finally:
+            await asyncio.to_thread(streamed.discard)
+        return streamed.size
+
+    async def close(
+        self, session_id: str, owner: str | None = None, reason: str = "closed"
+    ) -> None:
+        session = self._find(session_id, owner)
+        self._remove(session, reason)
+        await self._close(session, reason)
+
+    def _remove(self, session: Session, reason: str) -> None:
+        del self._sessions[session.id]
+        self.closed_by_reason[reason] += 1
+        self.observer.session_closed(reason)
+        if reason in _EXPIRED:
+            self.ended_seq += 1
+            self._ended.append((self.ended_seq, session.id))
+
+    def ended_since(self, seq: int) -> builtins.list[str]:
+        """Sessions that ended here on their own (idle timeout, lifetime) after the
+        `ended_seq` seq, oldest first (the last ENDED_KEPT): a cluster's directory forgets
+        them, as it forgets those a front end closed."""
+        return [session_id for number, session_id in self._ended if number > seq]
+
+    async def _close(self, session: Session, reason: str) -> None:
+        await self.doors.close(session.id)
+        step = await session.close(reason)
+        await asyncio.to_thread(self.store.remove, self.store.session_dir(session.id))
+        log.info(
+            "session end id=%s reason=%s cells=%d exit=%s",
+            session.id,
+            reason,
+            session.execution_count,
+            step.value,
+        )
+
+    async def _close_kernel(self, kernel: KernelClient, why: str) -> None:
+        await kernel.close(why=f"the session was {why}")
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _forget(self, session: Session, reason: str) -> None:
+        """Drop a session whose sandbox died, freeing it in the background."""
+        if self._sessions.get(session.id) is session:
+            self._remove(session, reason)
+            self._in_background(self._close(session, reason))
+
+    async def _reap(self) -> None:
+        """Close sessions past their idle timeout or lifetime, page out idle ones, and drop
+        dead ones."""
+        limits = self.limits
+        shortest = min(x for x in (limits.idle_timeout_s, limits.pause_idle_s or 1e9) if x > 0)
+        period = max(0.05, min(shortest / 10, 5.0))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            wall = time.time()
+            for session in list(self._sessions.values()):
+                idle_s = now - session.last_active
+                if session.dead:
+                    self._forget(session, "lost")
+                elif session.state in (SessionState.IDLE, SessionState.PAUSED) and (
+                    idle_s > limits.idle_timeout_s
+                ):
+                    self._forget(session, "idle")
+                elif wall - session.created_at > limits.lifetime_s:
+                    self._forget(session, "lifetime")
+                elif (
+                    session.state is SessionState.IDLE
+                    and self.backend.can_checkpoint
+                    and 0 < limits.pause_idle_s < idle_s
+                    and session.id not in self._pausing
+                ):
+                    self._page_out(session)
+            for session_id, (_, _, created_at) in list(self._lost.items()):
+                if wall - created_at > limits.lifetime_s:  # no longer worth telling
+                    del self._lost[session_id]
+                    home = self.store.session_dir(session_id)
+                    self._in_background(asyncio.to_thread(self.store.remove, home))
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions) - self.paused_count
+
+    # -- the next layer's (sessions.durability) ---------------------------------------------
+
+    @abc.abstractmethod
+    async def _room_for(self, count: int) -> None:
+        """Make sure count more sessions may run (paging idle ones out if it must).
+
+        Raises:
+            TooManySessions: it can't.
+        """
+
+    @abc.abstractmethod
+    async def _pause(self, session: Session, reason: str, *, interrupt: bool = False) -> None:
+        """Save a session to disk and stop its sandbox."""
+
+    @abc.abstractmethod
+    async def _wake(self, session: Session) -> None:
+        """Restore a paused session's image into a new sandbox."""
+
+    @abc.abstractmethod
+    def _page_out(self, session: Session) -> None:
+        """Pause an idle session in the background."""
+
+    @abc.abstractmethod
+    def _snapshot(self, snapshot_id: str, owner: str | None = None) -> SnapshotRecord:
+        """The owner's snapshot. Raises SnapshotNotFound."""
+
+    @abc.abstractmethod
+    async def _from_snapshot(self, snapshot_id: str, owner: str | None) -> Session:
+        """A new session restored from a snapshot."""

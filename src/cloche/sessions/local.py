@@ -1,0 +1,105 @@
+"""`LocalSessionManager`: the sessions of one machine, from taking over what a previous
+server left in the data directory to pausing every live session at shutdown.
+
+Its verbs come in layers, one module each: live sessions (`sessions.core`), saving them
+(`sessions.durability`), moving them to other nodes (`sessions.moving`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from cloche.errors import (
+    ClocheError,
+)
+from cloche.sessions.moving import MovableSessions
+from cloche.sessions.session import Session
+from cloche.sessions.store import RecordState
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("cloche.session")
+
+
+class LocalSessionManager(MovableSessions):
+    """Sessions held in this process, each in its own sandbox from `backend`; paused ones
+    and snapshots on disk under --data-dir (see `LiveSessions`)."""
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.backend.prepare)
+        try:
+            await asyncio.to_thread(self.store.open)
+            await asyncio.to_thread(self._load)
+        except BaseException:
+            await asyncio.to_thread(self.backend.shutdown)
+            raise
+        await asyncio.to_thread(self.installer.prepare)
+        for pool in self.pools.values():
+            pool.start()
+        self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
+        if self.catalog is not None:
+            self.catalog.start()
+
+    def _load(self) -> None:
+        """Take over what a previous server left in the data directory (blocking)."""
+        for snapshot in self.store.snapshot_records():
+            self._snapshots[snapshot.id] = snapshot
+        for record in self.store.session_records():
+            if record.state is RecordState.PAUSED:
+                self._sessions[record.id] = self._paused_session(record)
+                continue
+            if record.state is RecordState.LIVE:  # its server died with it
+                record = replace(record, state=RecordState.LOST)
+                self.store.save(record)
+                self.checkpoints.discard(self.store.session_dir(record.id))
+            self._lost[record.id] = (
+                record.owner_key,
+                "when the server stopped unexpectedly",
+                record.created_at,
+            )
+        log.info(
+            "data dir %s: %d paused sessions, %d lost, %d snapshots",
+            self.store.root,
+            self.paused_count,
+            len(self._lost),
+            len(self._snapshots),
+        )
+
+    async def stop(self) -> None:
+        """Pause every live session to disk (a few at a time; running cells interrupted
+        first), then free every sandbox. A session that can't be saved is closed."""
+        self._stopped = True
+        if self.catalog is not None:
+            await self.catalog.stop()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        await asyncio.gather(*self._pausing.values(), return_exceptions=True)
+        live = [s for s in self._sessions.values() if not s.paused]
+        limit = asyncio.Semaphore(self.config.pause_concurrency)
+
+        async def keep(session: Session) -> None:
+            async with limit:
+                try:
+                    if self.backend.can_checkpoint:
+                        await self._pause(session, "shutdown", interrupt=True)
+                        return
+                except ClocheError as exc:
+                    log.error("session %s could not be paused at shutdown: %s", session.id, exc)
+                if self._sessions.get(session.id) is session:
+                    self._remove(session, "shutdown")
+                    await self._close(session, "shutdown")
+
+        await asyncio.gather(
+            *(pool.close() for pool in self.pools.values()),
+            *(keep(s) for s in live),
+            return_exceptions=True,
+        )
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.doors.close_all()
+        await asyncio.to_thread(self.backend.shutdown)
+        self.store.close()
