@@ -286,6 +286,27 @@ SERVE_OPTIONS = (
         _llm.rlm_output_chars,
         "REPL output shown to the RLM's root model per code block, characters",
     ),
+    _Option(
+        "--events-buffer",
+        int,
+        _config.events_buffer,
+        "events kept for clients of GET /v1/events that resume with Last-Event-ID; also "
+        "the events that may wait for each webhook receiver (beyond, dropped and counted)",
+    ),
+    _Option(
+        "--webhook-secret",
+        str,
+        None,
+        "key that signs webhooks (whsec_<base64>, as Standard Webhooks); default: one made "
+        "once and kept in <data-dir>/webhook-secret (0600)",
+    ),
+    _Option(
+        "--webhook-retry",
+        float,
+        _config.webhook_retry_s,
+        "seconds after an event within which a failing webhook receiver is retried (backoff "
+        "0.5 s doubling to 60 s); then the event is dropped and counted",
+    ),
     _Option("--log-level", str, "info", "log level", ("debug", "info", "warning", "error")),
     _Option(
         "--log-format",
@@ -341,6 +362,13 @@ def _add_serve(subparsers: Any) -> None:
         help="file with one accepted token per line [env CLOCHE_TOKEN_FILE]",
     )
     parser.add_argument(
+        "--webhook",
+        action="append",
+        default=[u for u in os.environ.get("CLOCHE_WEBHOOK", "").split(",") if u],
+        help="POST every event to this URL, signed with --webhook-secret (repeatable) "
+        "[env CLOCHE_WEBHOOK, comma-separated]",
+    )
+    parser.add_argument(
         "--cluster-insecure",
         action="store_true",
         default=_flag(os.environ.get("CLOCHE_CLUSTER_INSECURE", "no")),
@@ -390,6 +418,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     ):
         if not getattr(limits, name) > 0:  # NaN too
             raise ConfigError(f"{flag} must be a positive number, not {getattr(limits, name)}")
+    for flag, value in (
+        ("--events-buffer", args.events_buffer),
+        ("--webhook-retry", args.webhook_retry),
+    ):
+        if not value > 0:  # NaN too
+            raise ConfigError(f"{flag} must be a positive number, not {value}")
     return ServerConfig(
         host=args.host,
         tcp_port=args.tcp_port,
@@ -424,6 +458,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cluster=args.cluster,
         cluster_agent_port=args.cluster_agent_port,
         cluster_insecure=args.cluster_insecure,
+        events_buffer=args.events_buffer,
+        webhooks=tuple(args.webhook),
+        webhook_secret=args.webhook_secret,
+        webhook_retry_s=args.webhook_retry,
     )
 
 

@@ -151,3 +151,10 @@ class ServerConfig:
     cluster_agent_port: int = 7100  # each node agent's data path (0: any free port)
     # Join a Ray cluster that does not enforce token authentication (with a warning).
     cluster_insecure: bool = False
+    # Events (GET /v1/events, webhooks): the last this many are kept for Last-Event-ID,
+    # and this many may wait for each webhook receiver.
+    events_buffer: int = 10_000
+    webhooks: tuple[str, ...] = ()  # --webhook: URLs every event is POSTed to
+    # --webhook-secret (whsec_<base64>); None: the one kept in <data_dir>/webhook-secret
+    webhook_secret: str | None = field(default=None, repr=False)
+    webhook_retry_s: float = 3600.0  # an event not delivered within this is dropped

@@ -77,6 +77,11 @@ class Node:
     ended_seen: int = 0  # its expired sessions, up to this number, are out of the directory
     collecting: bool = False  # ... and more are being asked for
 
+    def event_data(self, state: str, why: str | None = None) -> dict[str, Any]:
+        """What an event about this node says (`node.up`, `node.draining`, `node.dead`)."""
+        data = {"node": self.id, "address": f"{self.host}:{self.port}", "state": state}
+        return data if why is None else {**data, "why": why}
+
     def view(self) -> dict[str, Any]:
         stats = self.stats
         return {
@@ -199,6 +204,7 @@ class ClusterSessionManager(SessionManager):
             return
         node.link = link
         self.nodes[node.id] = node
+        self.observer.event("node.up", None, None, node.event_data(ALIVE))
         with contextlib.suppress(ClocheError, LinkDown):
             node.stats = await link.call("stats")
             if not self._profiles:
@@ -216,7 +222,7 @@ class ClusterSessionManager(SessionManager):
         node = self.nodes.get(link.node_id)
         if node is not None and not self._stopped:
             log.error("node %s is dead (%s): its sessions are lost", node.id, why)
-            self._set_state(node, DEAD, tell=True)
+            self._set_state(node, DEAD, tell=True, why=why)
 
     def _link_stats(self, link: AgentLink, stats: dict[str, Any]) -> None:
         node = self.nodes.get(link.node_id)
@@ -250,7 +256,10 @@ class ClusterSessionManager(SessionManager):
                 self._news.clear()
                 await self._news.wait()
 
-    def _set_state(self, node: Node, state: str, *, tell: bool) -> None:
+    def _set_state(self, node: Node, state: str, *, tell: bool, why: str | None = None) -> None:
+        if state != node.state:  # told as an event (GET /v1/events, webhooks)
+            kind = {ALIVE: "node.up", DRAINING: "node.draining", DEAD: "node.dead"}[state]
+            self.observer.event(kind, None, None, node.event_data(state, why))
         node.state = state
         if state == DEAD and node.link is not None:
             node.link.close(why="declared dead")

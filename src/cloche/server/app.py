@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 from cloche.config import ServerConfig
 from cloche.sandbox.base import Backend
 from cloche.sandbox.registry import create_backend
+from cloche.server.events import EventBus
 from cloche.server.http import HTTPFrontEnd
 from cloche.server.metrics import Metrics
 from cloche.server.tcp import TCPFrontEnd
+from cloche.server.webhooks import server_webhooks
 from cloche.sessions.local import LocalSessionManager
 
 if TYPE_CHECKING:
@@ -59,16 +61,19 @@ class Server:
         self.manager: LocalSessionManager | ClusterSessionManager
         # The language-model broker (llm_query, the RLM endpoint), with --llm-base-url.
         self.broker: Broker | None = None
+        # What the layers below report through their observer (the metrics) as events goes
+        # on to the bus, behind GET /v1/events and the webhooks.
+        self.events = EventBus(config.events_buffer)
         if config.cluster:  # sessions on the nodes of a Ray cluster: no sandbox here
             from cloche.cluster.manager import ClusterSessionManager
 
-            self.metrics = Metrics()
+            self.metrics = Metrics(self.events.publish)
             self.manager = ClusterSessionManager(config, self.metrics, node_figures=Metrics)
             self.broker = _broker(config, self.metrics)  # the RLM endpoint's own calls
             self.metrics.watch_cluster(self.manager.cluster_view)
         else:
             self.backend = backend or create_backend(config)
-            self.metrics = Metrics()
+            self.metrics = Metrics(self.events.publish)
             if config.egress_policy is not None:
                 from cloche.egress.service import Egress
 
@@ -85,6 +90,9 @@ class Server:
                 llm=_sessions_llm(self.broker, config),
             )
             self.metrics.watch(self.manager)
+        deliveries = self.metrics.webhook_deliveries
+        self.webhooks = server_webhooks(config, lambda outcome: deliveries.labels(outcome).inc())
+        self.events.listen(self.webhooks.offer)
         self.tcp = TCPFrontEnd(self.manager, config, self.metrics)
         self.http: HTTPFrontEnd | None = None
         self._http_task: asyncio.Task[None] | None = None
@@ -97,11 +105,13 @@ class Server:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(blocking_threads(self.config), thread_name_prefix="cloche-blocking")
         )
+        self.webhooks.start()
         await self.manager.start()
         try:
             await self.tcp.start()
             self.http = HTTPFrontEnd(self.manager, self.config, self.metrics)
             self.http.app.state.broker = self.broker
+            self.http.app.state.events = self.events
             self._http_task = asyncio.create_task(self.http.serve(), name="cloche-http")
         except BaseException:
             await self.stop()
@@ -126,11 +136,13 @@ class Server:
             self.http.server.should_exit = True
         self.tcp.stop_accepting()
         await self.manager.stop()  # running cells end (interrupted), and their clients hear it
+        self.events.close()  # event streams end (after what they had queued), so HTTP can drain
         await self.tcp.close()
         if self.http is not None:
             await self.http.stop()
         if self._http_task is not None:
             await asyncio.gather(self._http_task, return_exceptions=True)
+        await self.webhooks.stop()
         if self.egress is not None:
             self.egress.close()
         if self.broker is not None:

@@ -49,10 +49,15 @@ _START_BUCKETS_S = (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 _LLM_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 
 
+EventSink = Callable[[str, str | None, str | None, dict[str, Any]], object]
+
+
 class Metrics(Observer):
     """The metrics of one server."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: EventSink | None = None) -> None:
+        """events: where `Observer.event` goes on to (the server's event bus)."""
+        self._events = events
         self.registry = CollectorRegistry(auto_describe=True)
         self.sessions_created = Counter(
             "cloche_sessions_created", "Sessions created", ["profile"], registry=self.registry
@@ -230,6 +235,16 @@ class Metrics(Observer):
             registry=self.registry,
         )
 
+        # Webhooks: each attempt that failed and is tried again, each event delivered,
+        # each given up (retry time spent, the receiver's queue full, the server stopped).
+        self.webhook_deliveries = Counter(
+            "cloche_webhook_deliveries",
+            "Webhook deliveries, by outcome (delivered; retried: an attempt failed and is "
+            "tried again; dropped: given up)",
+            ["outcome"],
+            registry=self.registry,
+        )
+
     def egress_record(self, record: dict[str, Any]) -> None:
         """Count one egress record (what `cloche.egress` writes to its audit file)."""
         self.egress_connections.labels(record.get("decision", "error")).inc()
@@ -241,6 +256,12 @@ class Metrics(Observer):
                 self.egress_bytes.labels(direction).inc(carried)
 
     # -- what the layers below report (Observer) -------------------------------------------
+
+    def event(
+        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+    ) -> None:
+        if self._events is not None:
+            self._events(kind, session_id, owner_key, data)
 
     def sandbox_started(self, profile: str, seconds: float) -> None:
         self.sandbox_start.labels(profile).observe(seconds)

@@ -14,11 +14,13 @@ from fastapi.responses import JSONResponse, Response
 from cloche import __version__
 from cloche.config import MIB, ServerConfig
 from cloche.server import jupyter
+from cloche.server.events import EventBus
 from cloche.server.http import (
     chat,
     cluster,
     context,
     errors,
+    events,
     packages,
     profiles,
     sessions,
@@ -42,6 +44,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     app.state.manager = manager
     app.state.broker = None  # the LLM broker (the RLM endpoint), set by the server
     app.state.metrics = metrics
+    app.state.events = EventBus(config.events_buffer)  # the server's own, set by it
     app.state.tokens = config.tokens
     app.state.limits = config.limits
     app.state.session_timeouts = {}
@@ -55,6 +58,7 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     app.include_router(profiles.router)
     app.include_router(chat.router)
     app.include_router(cluster.router)
+    app.include_router(events.router)
     jupyter.mount(app, manager)  # the Jupyter kernel gateway: /api
 
     @app.get("/health", summary="200 while sandboxes can be served, else 503")
