@@ -171,6 +171,13 @@ SERVE_OPTIONS = (
         "sessions paused on disk at once (not counted by --max-sessions)",
     ),
     _Option("--max-fork", int, _config.max_fork, "copies one fork request may make"),
+    _Option(
+        "--quota-wait",
+        float,
+        _config.quota_wait_s,
+        "seconds a request over one of its tenant's quotas (--tokens) waits for room (a "
+        "close, a pause) before it is refused with 429; 0: refused at once",
+    ),
     _Option("--max-frame-bytes", int, _config.max_frame_bytes, "largest request frame, bytes"),
     _Option("--max-connections", int, _config.max_connections, "open TCP connections at once"),
     _Option(
@@ -362,6 +369,23 @@ def _add_serve(subparsers: Any) -> None:
         help="file with one accepted token per line [env CLOCHE_TOKEN_FILE]",
     )
     parser.add_argument(
+        "--admin-token",
+        action="append",
+        default=[t for t in os.environ.get("CLOCHE_ADMIN_TOKEN", "").split(",") if t],
+        help="accept this token as an admin's (repeatable): it may also view the cluster, "
+        "drain and resume nodes, and list every tenant's sessions (?all=true) "
+        "[env CLOCHE_ADMIN_TOKEN, comma-separated]",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=Path,
+        default=os.environ.get("CLOCHE_TOKENS") or None,
+        help="TOML file of tenants, readable by its owner only: [tokens.NAME] token (or "
+        "token_sha256), role (user or admin), max_live_sessions, max_paused_sessions, "
+        "max_running_cells, max_snapshot_bytes, egress (a policy name), webhook, "
+        "webhook_secret [env CLOCHE_TOKENS]",
+    )
+    parser.add_argument(
         "--webhook",
         action="append",
         default=[u for u in os.environ.get("CLOCHE_WEBHOOK", "").split(",") if u],
@@ -406,6 +430,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     for flag, value in (("--freeze-idle", args.freeze_idle), ("--pause-idle", args.pause_idle)):
         if not value >= 0:  # NaN too
             raise ConfigError(f"{flag} must be 0 (never) or more, not {value}")
+    if not 0 <= args.quota_wait < float("inf"):  # NaN too
+        raise ConfigError(
+            f"--quota-wait must be seconds, 0 (refuse at once) or more, not {args.quota_wait}"
+        )
     for name, flag in (
         ("cell_timeout_s", "--cell-timeout"),
         ("memory_mib", "--memory-mib"),
@@ -449,6 +477,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_fork=args.max_fork,
         runtime_dir=args.runtime_dir or _default_runtime_dir(),
         tokens=frozenset(tokens),
+        admin_tokens=frozenset(args.admin_token),
+        tokens_file=args.tokens,
+        quota_wait_s=args.quota_wait,
         llm=_llm_config(args),
         packages=_package_config(args),
         profiles_file=args.profiles,

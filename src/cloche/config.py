@@ -135,7 +135,11 @@ class ServerConfig:
     max_paused_sessions: int = 5000
     max_fork: int = 16  # copies one fork request may make
     pause_concurrency: int = 4  # sessions paused at once at shutdown
-    tokens: frozenset[str] = frozenset()
+    tokens: frozenset[str] = frozenset()  # --token: users without quotas
+    admin_tokens: frozenset[str] = frozenset()  # --admin-token: admins without quotas
+    tokens_file: Path | None = None  # --tokens: TOML of tenants (role, quotas, egress)
+    # Seconds a request over one of its tenant's quotas waits for room, then 429.
+    quota_wait_s: float = 10.0
     platform: str = "auto"  # runsc platform: auto, systrap, ptrace
     start_concurrency: int = 0  # sandboxes started at once by the pool; 0 = number of cores
     llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off

@@ -34,6 +34,8 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── ForkRefused             a fork asked for no copies, or more than --max-fork
     │   ├── NodeNotFound            no live node of that id in the cluster
     │   ├── Unauthorized            a token is required and was missing or wrong
+    │   ├── Forbidden               the token's role may not do that (admin only)
+    │   ├── QuotaExceeded           a tenant's quota (--tokens) had no room in --quota-wait
     │   └── PathRefused             a path in a working directory can't be read or written
     │       └── PathNotFound        nothing is there
     └── ClientError                 the client SDK got no usable answer from a server
@@ -45,8 +47,8 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
 
 The client SDK (`cloche.Client`, `cloche.AsyncClient`) raises the same classes as the
 server for the same conditions: a 404 about a session is `SessionNotFound`, a 401 is
-`Unauthorized`, a 429 is `TooManySessions`, a 503 is `SandboxError`. What only a client
-can meet is under `ClientError`.
+`Unauthorized`, a 403 `Forbidden`, a 429 is `TooManySessions` (`QuotaExceeded` over a
+tenant's quota), a 503 is `SandboxError`. What only a client can meet is under `ClientError`.
 """
 
 from __future__ import annotations
@@ -198,6 +200,25 @@ class NodeNotFound(SessionError):
 
 class Unauthorized(SessionError):
     """A token is required and was missing or not accepted."""
+
+
+class Forbidden(SessionError):
+    """The caller's token is valid, but its role may not do that (an admin's verb)."""
+
+
+class QuotaExceeded(SessionError):
+    """A tenant is at one of its quotas (`--tokens` file) and no room came within
+    --quota-wait seconds.
+
+    Attributes:
+        quota: the quota's name in the tokens file (`max_live_sessions`, ...).
+        retry_after_s: when asking again makes sense, seconds.
+    """
+
+    def __init__(self, message: str, *, quota: str = "", retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.retry_after_s = retry_after_s
 
 
 class PathRefused(SessionError):
