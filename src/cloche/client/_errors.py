@@ -13,6 +13,7 @@ from cloche.errors import (
     CheckpointFailed,
     ClocheError,
     EgressRefused,
+    Forbidden,
     InvalidRequest,
     KernelDied,
     LLMBudgetExceeded,
@@ -21,6 +22,7 @@ from cloche.errors import (
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    QuotaExceeded,
     RequestTimeout,
     RequestTooLarge,
     RestoreRefused,
@@ -45,6 +47,7 @@ _LLM_ERRORS: dict[str, type[LLMError]] = {
     "llm_budget": LLMBudgetExceeded,
     "llm_error": LLMError,
 }
+_QUOTAS = ("max_live_sessions", "max_paused_sessions", "max_snapshot_bytes")
 _BY_STATUS: dict[int, type[ClocheError]] = {
     400: InvalidRequest,
     409: SessionBusy,
@@ -57,6 +60,7 @@ _BY_STATUS: dict[int, type[ClocheError]] = {
 _BY_KIND: dict[str, type[ClocheError]] = {
     "checkpoint_failed": CheckpointFailed,
     "egress_refused": EgressRefused,
+    "forbidden": Forbidden,
     "too_many_paused_sessions": TooManyPausedSessions,
 }
 
@@ -148,6 +152,13 @@ def error_for(
         return PackageInstallError(message)
     if kind in _LLM_ERRORS:
         return _LLM_ERRORS[kind](message)
+    if kind == "quota_exceeded":
+        try:
+            retry_after_s = float(response.headers.get("retry-after", "1"))
+        except ValueError:
+            retry_after_s = 1.0
+        quota = next((q for q in _QUOTAS if q in message), "")
+        return QuotaExceeded(message, quota=quota, retry_after_s=retry_after_s)
     if kind in _BY_KIND:
         return _BY_KIND[kind](message)
     if status in _BY_STATUS:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from cloche.config import ServerConfig
 from cloche.sandbox.base import Backend
 from cloche.sandbox.registry import create_backend
-from cloche.server.events import EventBus
+from cloche.server.events import Event, EventBus
 from cloche.server.http import HTTPFrontEnd
 from cloche.server.metrics import Metrics
 from cloche.server.tcp import TCPFrontEnd
+from cloche.server.tenants import Tenants
 from cloche.server.webhooks import server_webhooks
 from cloche.sessions.local import LocalSessionManager
+from cloche.sessions.manager import SessionManager
+from cloche.sessions.quotas import QuotaGate
 
 if TYPE_CHECKING:
     from cloche.cluster.manager import ClusterSessionManager
@@ -25,6 +29,30 @@ if TYPE_CHECKING:
     from cloche.llm.broker import Broker
 
 log = logging.getLogger("cloche.server")
+
+
+# Events after which a tenant may have room again (a close, a pause, a resume).
+_ROOM_EVENTS = frozenset({"session.closed", "session.paused", "session.resumed"})
+
+
+def _room_made(gate: QuotaGate, event: Event) -> None:
+    """Wake the requests of the event's owner that wait for room, if it may have made some."""
+    if event.type in _ROOM_EVENTS:
+        gate.changed(event.owner_key)
+
+
+def _policy_names(
+    config: ServerConfig, egress: Egress | None, tenants: Tenants
+) -> Collection[str] | None:
+    """The server's egress policies (None: no --egress-policy), read only if a tenant
+    names one."""
+    if egress is not None:
+        return egress.config.policies.keys()
+    if config.egress_policy is None or not any(t.terms.egress for t in tenants):
+        return None
+    from cloche.egress.policy import EgressConfig
+
+    return EgressConfig.load(config.egress_policy).policies.keys()
 
 
 def blocking_threads(config: ServerConfig) -> int:
@@ -56,6 +84,8 @@ class Server:
 
     def __init__(self, config: ServerConfig, backend: Backend | None = None) -> None:
         self.config = config
+        # Who may call, in which role, on what terms (--tokens, --token, --admin-token).
+        self.tenants = Tenants.load(config.tokens_file, config.tokens, config.admin_tokens)
         self.backend: Backend | None = None
         self.egress: Egress | None = None  # with --egress-policy
         self.manager: LocalSessionManager | ClusterSessionManager
@@ -92,8 +122,23 @@ class Server:
             self.metrics.watch(self.manager)
         deliveries = self.metrics.webhook_deliveries
         self.webhooks = server_webhooks(config, lambda outcome: deliveries.labels(outcome).inc())
+        for tenant in self.tenants:  # a tenant's webhook gets its own sessions' events
+            if tenant.webhook is not None and tenant.webhook_secret is not None:
+                self.webhooks.add_receiver(tenant.webhook, tenant.webhook_secret, tenant.owner_key)
         self.events.listen(self.webhooks.offer)
-        self.tcp = TCPFrontEnd(self.manager, config, self.metrics)
+        self.tenants.check_egress(_policy_names(config, self.egress, self.tenants))
+        # What the front ends reach: the manager, behind the tenants' quotas if any has some.
+        self.sessions: SessionManager = self.manager
+        if self.tenants.gated:
+            gate = QuotaGate(
+                self.manager,
+                self.tenants.terms_of,
+                wait_s=config.quota_wait_s,
+                observer=self.metrics,
+            )
+            self.events.listen(lambda event: _room_made(gate, event))
+            self.sessions = gate
+        self.tcp = TCPFrontEnd(self.sessions, config, self.metrics, self.tenants)
         self.http: HTTPFrontEnd | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -109,7 +154,7 @@ class Server:
         await self.manager.start()
         try:
             await self.tcp.start()
-            self.http = HTTPFrontEnd(self.manager, self.config, self.metrics)
+            self.http = HTTPFrontEnd(self.sessions, self.config, self.metrics, self.tenants)
             self.http.app.state.broker = self.broker
             self.http.app.state.events = self.events
             self._http_task = asyncio.create_task(self.http.serve(), name="cloche-http")

@@ -18,6 +18,7 @@ from cloche.errors import (
 from cloche.protocol.framing import decode_body, encode_frame, read_body
 from cloche.protocol.tcp import GREETING, Request, error_reply, parse_request
 from cloche.server.metrics import Metrics
+from cloche.server.tenants import Tenants
 from cloche.sessions.manager import SessionManager
 from cloche.sessions.result import CellResult, CellStatus
 
@@ -53,10 +54,17 @@ class TCPFrontEnd:
     """Serves the REPL protocol; any connection may use any session of its token."""
 
     def __init__(
-        self, manager: SessionManager, config: ServerConfig, metrics: Metrics | None = None
+        self,
+        manager: SessionManager,
+        config: ServerConfig,
+        metrics: Metrics | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.manager = manager
         self.config = config
+        self.tenants = tenants or Tenants.load(
+            config.tokens_file, config.tokens, config.admin_tokens
+        )
         self.metrics = metrics or Metrics()
         self.port: int | None = None
         self._server: asyncio.Server | None = None
@@ -140,11 +148,11 @@ class TCPFrontEnd:
         return True
 
     async def _run(self, request: Request) -> dict[str, Any]:
-        tokens = self.config.tokens
-        if tokens and request.token not in tokens:
+        caller = self.tenants.caller(request.token)
+        if caller is None:
             self._rejected("unauthorized")
             return error_reply("Unauthorized: this server needs a valid 'token' in each request")
-        owner = request.token if tokens else None
+        owner = caller.token
         try:
             if request.session_id is None:
                 session_id, result = await self.manager.create_and_execute(

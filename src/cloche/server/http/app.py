@@ -31,11 +31,18 @@ from cloche.server.http.limits import BodyLimit
 from cloche.server.http.websocket_writes import BatchedWebSocketProtocol
 from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics, merge
+from cloche.server.tenants import Tenants
 from cloche.sessions.manager import SessionManager
 
 
-def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) -> FastAPI:
-    """The HTTP API over a session manager."""
+def create_app(
+    manager: SessionManager,
+    config: ServerConfig,
+    metrics: Metrics,
+    tenants: Tenants | None = None,
+) -> FastAPI:
+    """The HTTP API over a session manager; tenants: the server's (by default, those
+    config names)."""
     app = FastAPI(
         title="cloche",
         version=__version__,
@@ -45,7 +52,9 @@ def create_app(manager: SessionManager, config: ServerConfig, metrics: Metrics) 
     app.state.broker = None  # the LLM broker (the RLM endpoint), set by the server
     app.state.metrics = metrics
     app.state.events = EventBus(config.events_buffer)  # the server's own, set by it
-    app.state.tokens = config.tokens
+    app.state.tenants = tenants or Tenants.load(
+        config.tokens_file, config.tokens, config.admin_tokens
+    )
     app.state.limits = config.limits
     app.state.session_timeouts = {}
     app.state.background = set()
@@ -93,8 +102,14 @@ class _EmbeddedServer(uvicorn.Server):
 class HTTPFrontEnd:
     """Serves the app on --http-port."""
 
-    def __init__(self, manager: SessionManager, config: ServerConfig, metrics: Metrics) -> None:
-        self.app = create_app(manager, config, metrics)
+    def __init__(
+        self,
+        manager: SessionManager,
+        config: ServerConfig,
+        metrics: Metrics,
+        tenants: Tenants | None = None,
+    ) -> None:
+        self.app = create_app(manager, config, metrics, tenants)
         self.sock = socket.create_server((config.host, config.http_port))
         # Accepted connections inherit this (Linux). asyncio would set it on each, but skips
         # sockets whose proto is 0, as create_server's are; without it, uvicorn's headers

@@ -1,5 +1,5 @@
 """`/v1/cluster`: the nodes of a cluster-mode server, draining one and returning it to
-service."""
+service. An admin's only (a user's token is answered 403)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from cloche.errors import NodeNotFound
-from cloche.server.http.auth import owner_of
+from cloche.server.http.auth import caller_of, require_admin
+from cloche.server.http.models import ErrorBody
 from cloche.server.http.sessions import ERRORS
+from cloche.server.tenants import Caller
 from cloche.sessions.manager import SessionManager
 
-router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=ERRORS)
+router = APIRouter(
+    prefix="/v1/cluster", tags=["cluster"], responses={**ERRORS, 403: {"model": ErrorBody}}
+)
 
 
 class NodeOut(BaseModel):
@@ -53,8 +57,9 @@ def _manager(request: Request) -> SessionManager:
 @router.get("", response_model=ClusterOut, summary="The cluster's nodes (cluster mode only)")
 async def cluster(
     request: Request,
-    owner: str | None = Depends(owner_of),  # noqa: B008  # a token, when the server wants one
+    caller: Caller = Depends(caller_of),  # noqa: B008
 ) -> dict[str, Any]:
+    require_admin(caller, "view the cluster")
     view = _manager(request).cluster_view()
     if view is None:
         raise NodeNotFound("this server is not a cluster (start it with --cluster)")
@@ -69,8 +74,9 @@ async def cluster(
 async def drain(
     node_id: str,
     request: Request,
-    owner: str | None = Depends(owner_of),  # noqa: B008
+    caller: Caller = Depends(caller_of),  # noqa: B008
 ) -> dict[str, Any]:
+    require_admin(caller, "drain a node")
     return await _manager(request).drain(node_id)
 
 
@@ -82,6 +88,7 @@ async def drain(
 async def undrain(
     node_id: str,
     request: Request,
-    owner: str | None = Depends(owner_of),  # noqa: B008
+    caller: Caller = Depends(caller_of),  # noqa: B008
 ) -> dict[str, Any]:
+    require_admin(caller, "return a node to service")
     return await _manager(request).undrain(node_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,6 +15,7 @@ from cloche.errors import (
     CheckpointFailed,
     ClocheError,
     EgressRefused,
+    Forbidden,
     ForkRefused,
     LLMBudgetExceeded,
     LLMError,
@@ -22,6 +24,7 @@ from cloche.errors import (
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    QuotaExceeded,
     RestoreRefused,
     SandboxError,
     SessionBusy,
@@ -53,7 +56,9 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (PathRefused, 400, "path_refused"),
     (SessionBusy, 409, "busy"),
     (TooManySessions, 429, "too_many_sessions"),
+    (QuotaExceeded, 429, "quota_exceeded"),
     (Unauthorized, 401, "unauthorized"),
+    (Forbidden, 403, "forbidden"),
     (UnknownProfile, 400, "invalid_request"),
     (EgressRefused, 403, "egress_refused"),
     (SandboxError, 503, "unavailable"),
@@ -81,9 +86,16 @@ class JSONLineResponse(JSONBody):
         return json_bytes(content) + b"\n"
 
 
-def error_response(status: int, kind: str, message: str, path: str | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    kind: str,
+    message: str,
+    path: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """The error as JSON; on Terrarium's endpoint in its shape, ending in a newline."""
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     error = {"type": kind, "message": message}
     if path == TERRARIUM_PATH:
         return JSONLineResponse(
@@ -115,7 +127,10 @@ def install(app: FastAPI) -> None:
         rejected(request, kind)
         if status == 500:
             log.error("request failed: %s", exc)
-        return error_response(status, kind, str(exc), request.url.path)
+        headers = None
+        if isinstance(exc, QuotaExceeded):
+            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        return error_response(status, kind, str(exc), request.url.path, headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

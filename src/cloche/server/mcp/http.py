@@ -30,6 +30,7 @@ from cloche.server.http.errors import error_response
 from cloche.server.mcp.direct import ManagerClient
 from cloche.server.mcp.tools import ConnectionSessions, build_server
 from cloche.server.mcp.tools import Scope as ToolScope
+from cloche.server.tenants import Tenants
 from cloche.sessions.manager import SessionManager
 
 log = logging.getLogger("cloche.mcp")
@@ -46,15 +47,15 @@ class ManagerScope(ToolScope):
     """Tools call the session manager of the app they are mounted on, as the MCP caller's
     token."""
 
-    def __init__(self, app: FastAPI, tokens: frozenset[str]) -> None:
+    def __init__(self, app: FastAPI) -> None:
         self._manager: SessionManager = app.state.manager
         self._limits: Limits = app.state.limits
         self._timeouts: dict[str, float] = app.state.session_timeouts
-        self._tokens = tokens
+        self._tenants: Tenants = app.state.tenants
 
     def _token(self, ctx: Context) -> str | None:
-        token = _bearer(ctx.headers or {})
-        return token if token in self._tokens else None  # the gate let only these through
+        caller = self._tenants.caller(_bearer(ctx.headers or {}))
+        return caller.token if caller is not None else None  # the gate let only these through
 
     def client(self, ctx: Context) -> ManagerClient:
         return ManagerClient(self._manager, self._token(ctx), self._limits, self._timeouts)
@@ -77,7 +78,7 @@ class MCPEndpoint:
 
     def __init__(self, app: FastAPI, config: ServerConfig) -> None:
         self.sessions = ConnectionSessions()
-        self.scope = ManagerScope(app, config.tokens)
+        self.scope = ManagerScope(app)
         self.server = build_server(self.scope, self.sessions)
         # Makes the session manager (the Starlette app it returns is not used: /mcp is
         # routed here). DNS-rebinding protection is on when the server listens on loopback.
