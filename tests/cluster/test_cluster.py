@@ -80,7 +80,10 @@ def ray_temp_of(server: ServerProcess) -> str:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     require_cluster()
     state = tmp_path_factory.mktemp("cluster-state")
-    server = ServerProcess(state, "--cluster", f"local:{NODES}", "--token", ALPHA, "--token", BETA)
+    # ALPHA is an admin's token (the cluster's view and drains are an admin's), BETA a user's.
+    server = ServerProcess(
+        state, "--cluster", f"local:{NODES}", "--admin-token", ALPHA, "--token", BETA
+    )
     ray_temp = ray_temp_of(server)
     with client(server) as http:
         pids = [node["pid"] for node in nodes(http).values()]
@@ -137,7 +140,7 @@ def test_a_second_front_end_serves_the_same_sessions_and_tokens_hold(cluster) ->
             second_state,
             "--cluster",
             address,
-            "--token",
+            "--admin-token",
             ALPHA,
             "--token",
             BETA,
@@ -312,6 +315,11 @@ def test_a_node_given_sigterm_answers_lost_never_killed_or_not_found(cluster) ->
 def test_the_cluster_view_needs_a_token_and_a_single_server_has_none(cluster) -> None:
     with httpx.Client(base_url=f"http://127.0.0.1:{cluster.http_port}") as anonymous:
         assert anonymous.get("/v1/cluster").status_code == 401
+    with client(cluster, BETA) as user:  # a user's token: the cluster is an admin's business
+        assert user.get("/v1/cluster").status_code == 403
+        node_id = "no-such-node"
+        assert user.post(f"/v1/cluster/nodes/{node_id}/drain").status_code == 403
+        assert user.post(f"/v1/cluster/nodes/{node_id}/resume").status_code == 403
     with client(cluster) as http:
         view = json.loads(http.get("/v1/cluster").text)
     assert set(view) == {"ray_address", "nodes"}
