@@ -235,3 +235,27 @@ def test_a_tenant_s_webhook_receives_only_its_own_sessions_events(state_root, tm
     (receiver,) = server.webhooks.receivers  # never started: nothing is sent
     assert receiver.url == "http://127.0.0.1:9/alice"
     assert receiver.owner_key == hashlib.sha256(ALICE.encode()).hexdigest()
+
+
+def test_a_tenant_s_sessions_get_its_egress_policy_unless_they_ask(make_server, tmp_path):
+    from cloche.errors import ConfigError
+    from cloche.server.app import Server
+
+    policies = tmp_path / "egress.toml"
+    policies.write_text('[policies.research]\nallow = ["example.invalid:443"]\n')
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(TOKENS.replace("max_live_sessions = 10\n", 'egress = "research"\n'))
+    tokens.chmod(0o600)
+    server = make_server(tokens_file=tokens, egress_policy=policies, pool_size=1)
+    with api(server, ALICE) as alice, api(server, BOB) as bob:
+        hers = alice.post("/v1/sessions")
+        assert hers.status_code == 201, hers.text
+        assert hers.json()["egress"]["policy"] == "research"
+        his = bob.post("/v1/sessions")
+        assert his.status_code == 201, his.text
+        assert his.json()["egress"] is None  # no default policy, nothing asked: no network
+        for client, made in ((alice, hers), (bob, his)):
+            assert client.delete(f"/v1/sessions/{made.json()['id']}").status_code == 204
+    policies.write_text('[policies.other]\nallow = ["example.invalid:443"]\n')
+    with pytest.raises(ConfigError, match="tenant 'alice' has egress = 'research'"):
+        Server(make_config(tmp_path / "state", tokens_file=tokens, egress_policy=policies))

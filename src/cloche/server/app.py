@@ -41,13 +41,9 @@ def _room_made(gate: QuotaGate, event: Event) -> None:
         gate.changed(event.owner_key)
 
 
-def _policy_names(
-    config: ServerConfig, egress: Egress | None, tenants: Tenants
-) -> Collection[str] | None:
+def _policy_names(config: ServerConfig, tenants: Tenants) -> Collection[str] | None:
     """The server's egress policies (None: no --egress-policy), read only if a tenant
     names one."""
-    if egress is not None:
-        return egress.config.policies.keys()
     if config.egress_policy is None or not any(t.terms.egress for t in tenants):
         return None
     from cloche.egress.policy import EgressConfig
@@ -86,6 +82,7 @@ class Server:
         self.config = config
         # Who may call, in which role, on what terms (--tokens, --token, --admin-token).
         self.tenants = Tenants.load(config.tokens_file, config.tokens, config.admin_tokens)
+        self.tenants.check_egress(_policy_names(config, self.tenants))
         self.backend: Backend | None = None
         self.egress: Egress | None = None  # with --egress-policy
         self.manager: LocalSessionManager | ClusterSessionManager
@@ -126,7 +123,6 @@ class Server:
             if tenant.webhook is not None and tenant.webhook_secret is not None:
                 self.webhooks.add_receiver(tenant.webhook, tenant.webhook_secret, tenant.owner_key)
         self.events.listen(self.webhooks.offer)
-        self.tenants.check_egress(_policy_names(config, self.egress, self.tenants))
         # What the front ends reach: the manager, behind the tenants' quotas if any has some.
         self.sessions: SessionManager = self.manager
         if self.tenants.gated:
