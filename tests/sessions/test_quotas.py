@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import cloche.sessions.quotas as quotas_module
-from cloche.errors import QuotaExceeded, SessionNotFound
+from cloche.errors import QuotaExceeded, SessionBusy, SessionNotFound
 from cloche.sessions.manager import SessionManager
 from cloche.sessions.observer import Observer
 from cloche.sessions.quotas import QuotaGate, Quotas, Terms
@@ -308,6 +308,40 @@ async def _run_released(inner: FakeManager, gate: QuotaGate, session_id: str) ->
     result = await task
     inner.release_cells.clear()
     return result
+
+
+async def test_a_cell_waiting_behind_its_session_s_running_cell_holds_no_place():
+    inner = FakeManager()
+    gate, _ = gate_for(inner, max_running_cells=1)
+    gate.max_queued = 1
+    first, second = await gate.create(ALICE), await gate.create(ALICE)
+    order: list[str] = []
+    released = {name: asyncio.Event() for name in ("a1", "a2", "b1")}
+    started = asyncio.Event()
+
+    async def execute(session_id, code, *, owner=None, **more):
+        order.append(code)
+        started.set()
+        await released[code].wait()
+        return code
+
+    inner.execute = execute  # type: ignore[method-assign]
+    a1 = asyncio.create_task(gate.execute(first.id, "a1", owner=ALICE))
+    await started.wait()
+    a2 = asyncio.create_task(gate.execute(first.id, "a2", owner=ALICE))
+    await asyncio.sleep(0)
+    b1 = asyncio.create_task(gate.execute(second.id, "b1", owner=ALICE))
+    await asyncio.sleep(0)
+    with pytest.raises(SessionBusy, match="already has 1 cells waiting"):
+        await gate.execute(first.id, "a3", owner=ALICE)
+    started.clear()
+    released["a1"].set()
+    await started.wait()
+    assert order == ["a1", "b1"]  # a2 waited for its session, not for a place: b1 came first
+    released["b1"].set()
+    released["a2"].set()
+    assert await asyncio.gather(a1, a2, b1) == ["a1", "a2", "b1"]
+    assert gate._owners[owner_key(ALICE)].turns == {}
 
 
 async def test_a_snapshot_over_the_byte_quota_is_deleted_again_and_refused():

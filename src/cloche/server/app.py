@@ -131,6 +131,7 @@ class Server:
                 self.tenants.terms_of,
                 wait_s=config.quota_wait_s,
                 observer=self.metrics,
+                max_queued=config.max_queued_cells,
             )
             self.events.listen(lambda event: _room_made(gate, event))
             self.sessions = gate

@@ -11,7 +11,9 @@ front end (HTTP, Terrarium, MCP, the Jupyter gateway, TCP) the same rules, by ow
   bus), wakes the waiters; they look again every `RECHECK_S` for what nobody tells (a
   session that expired on a cluster's node). Then `QuotaExceeded`.
 - `max_running_cells`: the owner's cells beyond it queue, in the order they came, as the
-  cells of one session do; none fails.
+  cells of one session do; none fails. A session's cells take their turns here one at a
+  time (so a cell waiting behind another of its session holds no place), at most
+  `max_queued` waiting, as the session itself allows (`SessionBusy` beyond).
 
 A quota hit is reported as a `quota.exceeded` event, once when a request starts waiting
 (`outcome: waiting`) and once when it is refused (`outcome: refused`). The server's own
@@ -36,7 +38,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from cloche.errors import QuotaExceeded, SnapshotNotFound
+from cloche.errors import QuotaExceeded, SessionBusy, SnapshotNotFound
 from cloche.sandbox.files import FileListing
 from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
 from cloche.sessions.observer import Observer
@@ -84,10 +86,19 @@ class Terms:
 
 
 @dataclass
+class _Turns:
+    """One session's cells at the gate: one at a time, in the order they came."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    count: int = 0  # the cell that holds the lock and those waiting for it
+
+
+@dataclass
 class _Owner:
     """An owner's state at the gate."""
 
     cells: asyncio.Semaphore | None  # its running cells, with max_running_cells
+    turns: dict[str, _Turns] = field(default_factory=dict)  # by session, while cells wait
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one count-and-reserve at a time
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # set (and replaced) on changes
     reserved: Counter[str] = field(default_factory=Counter)  # admitted, not yet counted
@@ -101,6 +112,7 @@ class QuotaGate(SessionManager):
         terms_of: an owner key (`sessions.session.owner_key`) to that owner's terms.
         wait_s: how long a request over a quota waits for room (--quota-wait).
         observer: told `quota.exceeded` events.
+        max_queued: cells that may wait behind a session's running one (--max-queued-cells).
     """
 
     def __init__(
@@ -110,9 +122,11 @@ class QuotaGate(SessionManager):
         *,
         wait_s: float,
         observer: Observer | None = None,
+        max_queued: int = 16,
     ) -> None:
         self.inner = inner
         self.wait_s = wait_s
+        self.max_queued = max_queued
         self.observer = observer or Observer()
         self._terms_of = terms_of
         self._owners: dict[str, _Owner] = {}
@@ -347,11 +361,23 @@ class QuotaGate(SessionManager):
             session_id, owner
         ):  # the cell would bring it back: as a resume, it waits for room
             await self.resume(session_id, owner)
-        cells = self._owner(key, terms).cells
-        if cells is None:
+        state = self._owner(key, terms)
+        if state.cells is None:
             return await self.inner.execute(session_id, code, owner=owner, **more)
-        async with cells:  # beyond max_running_cells, the owner's cells queue here
-            return await self.inner.execute(session_id, code, owner=owner, **more)
+        turns = state.turns.setdefault(session_id, _Turns())
+        if turns.count > self.max_queued:
+            raise SessionBusy(
+                f"session {session_id} already has {turns.count - 1} cells waiting "
+                f"(limit {self.max_queued}); wait for them to finish"
+            )
+        turns.count += 1
+        try:
+            async with turns.lock, state.cells:  # beyond max_running_cells, cells queue here
+                return await self.inner.execute(session_id, code, owner=owner, **more)
+        finally:
+            turns.count -= 1
+            if turns.count == 0:
+                del state.turns[session_id]
 
     async def close(
         self, session_id: str, owner: str | None = None, reason: str = "closed", **more: Any
