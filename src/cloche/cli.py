@@ -105,6 +105,18 @@ SERVE_OPTIONS = (
         "cells that may wait behind the running one in a session",
     ),
     _Option(
+        "--history-cells",
+        int,
+        _config.history_cells,
+        "cells each session's history keeps (GET /v1/sessions/{id}/cells; 0: none)",
+    ),
+    _Option(
+        "--history-output-bytes",
+        int,
+        _config.history_output_bytes,
+        "stdout and stderr each kept per history entry; the rest is cut with a marker",
+    ),
+    _Option(
         "--cell-slots",
         int,
         _config.cell_slots,
@@ -464,6 +476,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         data_template=args.data_template,
         max_sessions=args.max_sessions,
         max_queued_cells=args.max_queued_cells,
+        history_cells=args.history_cells,
+        history_output_bytes=args.history_output_bytes,
         cell_slots=args.cell_slots,
         cell_slice_s=args.cell_slice,
         max_frame_bytes=args.max_frame_bytes,

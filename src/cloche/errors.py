@@ -27,6 +27,8 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── UnknownProfile          no session profile of that name
     │   ├── EgressRefused           egress asked beyond the server's policy (403)
     │   ├── SnapshotNotFound        unknown, deleted, or someone else's snapshot
+    │   ├── CellNotFound            no cell of that number in a session's history
+    │   ├── InvalidMetadata         a session's metadata of the wrong shape or too large
     │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
     │   ├── CheckpointFailed        a session could not be saved (it keeps running)
     │   │   └── StorageFull         --data-dir is at its budget, or its disk is full
@@ -172,6 +174,19 @@ class SnapshotNotFound(SessionError):
     def __init__(self, snapshot_id: str) -> None:
         super().__init__(f"Snapshot {snapshot_id} not found")
         self.snapshot_id = snapshot_id
+
+
+class CellNotFound(SessionError):
+    """No cell of that number is in the session's history (never run, or no longer kept)."""
+
+    def __init__(self, session_id: str, number: int) -> None:
+        super().__init__(f"Session {session_id} has no cell {number} in its history")
+        self.session_id = session_id
+        self.number = number
+
+
+class InvalidMetadata(SessionError):
+    """Metadata that is not string keys and values within the limits (operations.md)."""
 
 
 class RestoreRefused(SessionError):

@@ -235,8 +235,9 @@ class NodeAgent:
         profile: str,
         snapshot: str | None,
         egress: str | dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        info = await self.manager.create(owner, profile, snapshot, egress)
+        info = await self.manager.create(owner, profile, snapshot, egress, metadata)
         return {"info": codec.info_out(info), "stats": self.stats()}
 
     async def _op_ended_since(self, on_event: EventCallback, seq: int) -> dict[str, Any]:
@@ -250,8 +251,44 @@ class NodeAgent:
     async def _op_info(self, on_event: EventCallback, session_id: str, owner: str | None) -> Any:
         return codec.info_out(await self.manager.info(session_id, owner))
 
-    async def _op_sessions(self, on_event: EventCallback, owner: str | None) -> Any:
-        return [codec.info_out(info) for info in await self.manager.sessions(owner)]
+    async def _op_sessions(
+        self,
+        on_event: EventCallback,
+        owner: str | None,
+        every: bool = False,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> Any:
+        found = await self.manager.sessions(
+            owner, every=every, state=state, profile=profile, metadata=metadata
+        )
+        return [codec.info_out(info) for info in found]
+
+    async def _op_set_metadata(
+        self,
+        on_event: EventCallback,
+        session_id: str,
+        changes: dict[str, str | None],
+        owner: str | None,
+    ) -> Any:
+        return codec.info_out(await self.manager.set_metadata(session_id, changes, owner))
+
+    async def _op_history(
+        self,
+        on_event: EventCallback,
+        session_id: str,
+        owner: str | None,
+        after: int,
+        limit: int | None,
+    ) -> Any:
+        found = await self.manager.history(session_id, owner, after=after, limit=limit)
+        return [entry.to_json() for entry in found]
+
+    async def _op_cell(
+        self, on_event: EventCallback, session_id: str, number: int, owner: str | None
+    ) -> Any:
+        return (await self.manager.cell(session_id, number, owner)).to_json()
 
     async def _op_execute(
         self,
@@ -265,6 +302,7 @@ class NodeAgent:
         stream: bool,
         stdin: bool = False,
         pager: bool = False,
+        front_end: str = "",
     ) -> Any:
         result = await self.manager.execute(
             session_id,
@@ -276,6 +314,7 @@ class NodeAgent:
             silent=silent,
             stdin=stdin,
             pager=pager,
+            front_end=front_end,
         )
         return codec.result_out(result)
 

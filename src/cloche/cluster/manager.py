@@ -14,7 +14,7 @@ import asyncio
 import builtins
 import contextlib
 import logging
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,14 @@ from cloche.errors import (
     TooManySessions,
 )
 from cloche.sandbox.files import FileListing
+from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
-from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
+from cloche.sessions.manager import (
+    EgressAsk,
+    InstalledPackages,
+    SessionManager,
+    check_metadata,
+)
 from cloche.sessions.observer import Observer
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
@@ -364,7 +370,9 @@ class ClusterSessionManager(SessionManager):
         profile: str = "lean",
         snapshot: str | None = None,
         egress: EgressAsk = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> SessionInfo:
+        labels = check_metadata(metadata) if metadata else None
         if egress is not None and self.config.egress_policy is None:
             raise EgressRefused(
                 "this server gives sessions no egress (start it with --egress-policy)"
@@ -389,7 +397,13 @@ class ClusterSessionManager(SessionManager):
             try:
                 reply = await node.link.call(
                     "create",
-                    {"owner": owner, "profile": profile, "snapshot": snapshot, "egress": egress},
+                    {
+                        "owner": owner,
+                        "profile": profile,
+                        "snapshot": snapshot,
+                        "egress": egress,
+                        "metadata": labels,
+                    },
                 )
             except LinkDown:
                 if pinned is not None:
@@ -409,11 +423,47 @@ class ClusterSessionManager(SessionManager):
     async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
         return codec.info_in(await self._call(session_id, "info", {"owner": owner}))
 
-    async def sessions(self, owner: str | None = None) -> builtins.list[SessionInfo]:
+    async def sessions(
+        self,
+        owner: str | None = None,
+        *,
+        every: bool = False,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> builtins.list[SessionInfo]:
         found: builtins.list[SessionInfo] = []
-        for listing in await self._everywhere("sessions", {"owner": owner}):
+        asked = {
+            "owner": owner,
+            "every": every,
+            "state": state,
+            "profile": profile,
+            "metadata": dict(metadata) if metadata else None,
+        }
+        for listing in await self._everywhere("sessions", asked):
             found += [codec.info_in(raw) for raw in listing]
         return sorted(found, key=lambda info: info.created_at)
+
+    async def set_metadata(
+        self, session_id: str, changes: Mapping[str, str | None], owner: str | None = None
+    ) -> SessionInfo:
+        args = {"owner": owner, "changes": dict(changes)}
+        return codec.info_in(await self._call(session_id, "set_metadata", args))
+
+    async def history(
+        self,
+        session_id: str,
+        owner: str | None = None,
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> builtins.list[CellEntry]:
+        args = {"owner": owner, "after": after, "limit": limit}
+        return [CellEntry(**raw) for raw in await self._call(session_id, "history", args)]
+
+    async def cell(self, session_id: str, number: int, owner: str | None = None) -> CellEntry:
+        args = {"owner": owner, "number": number}
+        return CellEntry(**await self._call(session_id, "cell", args))
 
     async def _everywhere(self, op: str, args: dict[str, Any]) -> builtins.list[Any]:
         """One request to every live node; the answers of those that gave one."""
@@ -438,6 +488,7 @@ class ClusterSessionManager(SessionManager):
         silent: bool = False,
         stdin: bool = False,
         pager: bool = False,
+        front_end: str = "",
     ) -> CellResult:
         raw = await self._call(
             session_id,
@@ -450,6 +501,7 @@ class ClusterSessionManager(SessionManager):
                 "silent": silent,
                 "stdin": stdin,
                 "pager": pager,
+                "front_end": front_end,
                 "stream": on_event is not None,
             },
             on_event,

@@ -128,6 +128,11 @@ class Sandbox(abc.ABC):
         """CPU time the sandbox has used so far; None when the backend can't tell."""
         return None
 
+    def oom_killed(self) -> bool:
+        """Whether the memory cgroup's OOM killer has killed a process of the sandbox (read
+        before it is removed); False when the backend can't tell (blocking)."""
+        return False
+
     def peers_cpu_seconds(self) -> float | None:
         """CPU time the sandboxes of this server have used so far while level with the host
         (not behind it); None when the backend can't tell."""

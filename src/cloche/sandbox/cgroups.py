@@ -3,6 +3,7 @@ that sandboxes running long are moved to (`cloche-behind/<instance>/`), and remo
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 from pathlib import Path
@@ -237,6 +238,44 @@ def _usage_file() -> tuple[Path, str] | None:
     if "usage_usec" in _read(CGROUP_ROOT / "cpu.stat"):
         return CGROUP_ROOT, "cpu.stat"
     return None
+
+
+def oom_killed(relative: str) -> bool:
+    """Whether the kernel's OOM killer killed a process of a cgroup for going over its
+    memory limit. Its own counter (v1 memory.oom_control's oom_kill, v2 memory.events')
+    says so while the cgroup is there; runsc removes it as the sandbox exits, usually
+    before anyone asks, so then the kernel's log says it (its line names the cgroup). False
+    when neither can be read (a container without /dev/kmsg)."""
+    for root, name in (
+        (CGROUP_ROOT / "memory", "memory.oom_control"),
+        (CGROUP_ROOT, "memory.events"),
+    ):
+        for line in _read(root / relative.strip("/") / name).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                return True
+    return f"oom_memcg={relative.rstrip('/')}," in _kernel_log()
+
+
+def _kernel_log() -> str:
+    """The kernel's log as /dev/kmsg holds it now (blocking; root only); "" if unreadable."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    records = []
+    try:
+        while True:
+            try:
+                records.append(os.read(fd, 8192))
+            except BlockingIOError:
+                break  # read to the end
+            except OSError as exc:  # EPIPE: a record was overwritten while reading; go on
+                if exc.errno != errno.EPIPE:
+                    break
+    finally:
+        os.close(fd)
+    return b"".join(records).decode(errors="replace")
 
 
 def _read(path: Path) -> str:

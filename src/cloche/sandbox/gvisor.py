@@ -354,6 +354,9 @@ class GVisorSandbox(Sandbox):
         behind = cgroups.cpu_usage_s(self._behind) if self._ever_moved else None
         return used if behind is None or used is None else used + behind
 
+    def oom_killed(self) -> bool:
+        return self.backend.cgroups and cgroups.oom_killed(self._cgroup)
+
     def peers_cpu_seconds(self) -> float | None:
         return cgroups.cpu_usage_s(f"/cloche/{self.backend.state.instance}")
 

@@ -71,6 +71,21 @@ class Metrics(Observer):
         self.cells = Counter(
             "cloche_cells", "Cells run, by how they ended", ["status"], registry=self.registry
         )
+        # The typed reasons of operations.md, finer than status and reason above.
+        self.cell_ends = Counter(
+            "cloche_cell_ends",
+            "Cells ended, by end_reason (ok, error, timeout, interrupted, memory, "
+            "output_limit, killed, sandbox_died)",
+            ["end_reason"],
+            registry=self.registry,
+        )
+        self.session_ends = Counter(
+            "cloche_session_ends",
+            "Sessions ended, by end_reason (closed, idle_timeout, lifetime, oom_killed, "
+            "sandbox_died, node_lost, server_crashed, restart_failed)",
+            ["end_reason"],
+            registry=self.registry,
+        )
         self.cell_duration = Histogram(
             "cloche_cell_duration_seconds",
             "Wall time of cells as the server saw it",
@@ -272,12 +287,14 @@ class Metrics(Observer):
     def session_created(self, profile: str) -> None:
         self.sessions_created.labels(profile).inc()
 
-    def session_closed(self, reason: str) -> None:
+    def session_closed(self, reason: str, end_reason: str = "closed") -> None:
         self.sessions_closed.labels(reason).inc()
+        self.session_ends.labels(end_reason).inc()
 
     def cell_finished(self, result: CellResult, seconds: float) -> None:
         status = result.status.value
         self.cells.labels(status).inc()
+        self.cell_ends.labels(result.end_reason).inc()
         self.cell_duration.labels(status).observe(seconds)
         self.queue_wait.observe(result.queue_wait_s)
         for kind in breaches(result):

@@ -161,7 +161,11 @@ class TCPFrontEnd:
             else:
                 session_id = request.session_id
                 result = await self.manager.execute(
-                    session_id, request.code, owner=owner, timeout_s=request.timeout_s
+                    session_id,
+                    request.code,
+                    owner=owner,
+                    timeout_s=request.timeout_s,
+                    front_end="tcp",
                 )
         except SessionNotFound as exc:
             self._rejected("not_found")

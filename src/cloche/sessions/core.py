@@ -10,18 +10,20 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
+import contextlib
 import logging
 import os
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterable, Coroutine, Sequence
+from collections.abc import AsyncIterable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, ServerConfig
 from cloche.errors import (
+    CellNotFound,
     KernelDied,
     SandboxStartError,
     SessionLost,
@@ -38,8 +40,15 @@ from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
 from cloche.sessions.doors import EgressAsk, SessionDoors, egress_record, owner_tag, placeholders_of
 from cloche.sessions.durable import Checkpoints
 from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
+from cloche.sessions.history import CellEntry, History, entry_of
 from cloche.sessions.kernel import EventCallback, KernelClient, LLMHookup
-from cloche.sessions.manager import InstalledPackages, SessionManager, new_session_id
+from cloche.sessions.manager import (
+    InstalledPackages,
+    SessionManager,
+    check_metadata,
+    matches,
+    new_session_id,
+)
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
@@ -55,6 +64,8 @@ log = logging.getLogger("cloche.session")
 ENDED_KEPT = 10_000  # sessions that ended on their own, remembered for a cluster's directory
 _EXPIRED = frozenset({"idle", "lifetime"})  # ends no front end asked for
 STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
+_DIED = frozenset({"lost", "killed"})  # ends in which the sandbox died
+SETTLE_WAIT_S = 5.0  # a dead sandbox's death is told once explained, or after this
 PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
 
@@ -205,7 +216,9 @@ class LiveSessions(SessionManager):
         profile: str = "lean",
         snapshot: str | None = None,
         egress: EgressAsk = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> SessionInfo:
+        labels = check_metadata(metadata or {})
         if egress is None and self.catalog is not None:  # the profile's own, if it has one
             status = self.catalog.statuses.get(profile)
             if status is not None and status.spec is not None:
@@ -217,9 +230,9 @@ class LiveSessions(SessionManager):
             placeholders = placeholders_of(taken)  # in the image's memory
             if egress is None:  # the snapshot's own, as it was taken
                 policy = self.doors.policy_again(taken, snapshot)
-            session = await self._from_snapshot(snapshot, owner)
+            session = await self._from_snapshot(snapshot, owner, labels if metadata else None)
         else:
-            session = await self._create(owner, profile)
+            session = await self._create(owner, profile, labels)
         if policy is not None:
             session.placeholders = placeholders
             try:
@@ -228,9 +241,18 @@ class LiveSessions(SessionManager):
                 self._remove(session, "lost")
                 await self._close(session, "lost")
                 raise
-        return session.info()
+        info = session.info()
+        data = {"profile": info.profile, "metadata": info.metadata}
+        self._tell("session.created", session, {**data, "snapshot": snapshot} if snapshot else data)
+        return info
 
-    async def _create(self, owner: str | None, profile: str = "lean") -> Session:
+    def _tell(self, kind: str, session: Session, data: dict[str, Any]) -> None:
+        """An event about a session, for the server's events and webhooks."""
+        self.observer.event(kind, session.id, session.owner_key, data)
+
+    async def _create(
+        self, owner: str | None, profile: str = "lean", metadata: dict[str, str] | None = None
+    ) -> Session:
         pool = await self._pool(profile)
         await self._room_for(1)
         self._creating += 1
@@ -238,12 +260,20 @@ class LiveSessions(SessionManager):
             kernel = await pool.take()
         finally:
             self._creating -= 1
-        return self._adopt(kernel, owner_key(owner), profile)
+        return self._adopt(kernel, owner_key(owner), profile, metadata=metadata)
 
     def _adopt(
-        self, kernel: KernelClient, key: str | None, profile: str, execution_count: int = 0
+        self,
+        kernel: KernelClient,
+        key: str | None,
+        profile: str,
+        execution_count: int = 0,
+        *,
+        metadata: dict[str, str] | None = None,
+        history: History | None = None,
     ) -> Session:
-        """A new session (new id) on a started kernel, with its record on disk."""
+        """A new session (new id) on a started kernel, with its record on disk (and the
+        metadata and history of the session it copies, if any)."""
         session = Session(
             new_session_id(),
             kernel,
@@ -255,6 +285,8 @@ class LiveSessions(SessionManager):
             gate=self.gate,
         )
         session.waker = self._wake
+        session.metadata = dict(metadata or {})
+        session.history = history.copy() if history is not None else self._new_history()
         self._equip(session, kernel)
         self._sessions[session.id] = session
         self.store.save(self._record(session, RecordState.LIVE))
@@ -277,6 +309,9 @@ class LiveSessions(SessionManager):
         packages = self.installer.for_session(kernel.sandbox, self._runtime_of(session.profile))
         kernel.pip = KernelPip(packages, kernel)
 
+    def _new_history(self) -> History:
+        return History(self.config.history_cells)
+
     def _runtime_of(self, profile: str) -> Path | None:
         """The runtime a profile's sandboxes mount instead of the server's, if any."""
         pool = self.pools.get(profile)
@@ -294,6 +329,7 @@ class LiveSessions(SessionManager):
             state=state,
             egress=egress_record(session),
             origin=origin,
+            metadata=dict(session.metadata),
         )
 
     @property
@@ -319,8 +355,46 @@ class LiveSessions(SessionManager):
     async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
         return self.get(session_id, owner)
 
-    async def sessions(self, owner: str | None = None) -> list[SessionInfo]:
-        return self.list(owner)
+    async def sessions(
+        self,
+        owner: str | None = None,
+        *,
+        every: bool = False,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> list[SessionInfo]:
+        found = self.list(owner, every=every)
+        return [info for info in found if matches(info, state, profile, metadata)]
+
+    async def set_metadata(
+        self, session_id: str, changes: Mapping[str, str | None], owner: str | None = None
+    ) -> SessionInfo:
+        session = self._find(session_id, owner)
+        session.metadata = check_metadata(session.metadata, changes)
+        if session.paused:  # its record on disk is what a restart reads
+            record = await asyncio.to_thread(self.store.session_record, session_id)
+            await asyncio.to_thread(self.store.save, replace(record, metadata=session.metadata))
+        else:
+            state = RecordState.LIVE
+            await asyncio.to_thread(self.store.save, self._record(session, state))
+        return session.info()
+
+    async def history(
+        self,
+        session_id: str,
+        owner: str | None = None,
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> builtins.list[CellEntry]:
+        return self._find(session_id, owner).history.after(after, limit)
+
+    async def cell(self, session_id: str, number: int, owner: str | None = None) -> CellEntry:
+        entry = self._find(session_id, owner).history.get(number)
+        if entry is None:
+            raise CellNotFound(session_id, number)
+        return entry
 
     def get(self, session_id: str, owner: str | None = None) -> SessionInfo:
         """`info`, for code on the server's own loop (and tests)."""
@@ -333,10 +407,12 @@ class LiveSessions(SessionManager):
     def snapshot_ids(self) -> builtins.list[str]:
         return builtins.list(self._snapshots)
 
-    def list(self, owner: str | None = None) -> list[SessionInfo]:
+    def list(self, owner: str | None = None, *, every: bool = False) -> list[SessionInfo]:
         """`sessions`, for code on the server's own loop (and tests)."""
         key = owner_key(owner)
-        return [s.info() for s in self._sessions.values() if s.owner_key == key and s.usable]
+        return [
+            s.info() for s in self._sessions.values() if (every or s.owner_key == key) and s.usable
+        ]
 
     async def execute(
         self,
@@ -350,11 +426,14 @@ class LiveSessions(SessionManager):
         silent: bool = False,
         stdin: bool = False,
         pager: bool = False,
+        front_end: str = "",
     ) -> CellResult:
         session = self._find(session_id, owner)
         limit = self.limits.cell_timeout_s
         timeout = min(timeout_s, limit) if timeout_s and timeout_s > 0 else limit
         started = time.perf_counter()
+        if not silent:
+            self._tell("cell.started", session, {"front_end": front_end})
         try:
             result = await session.execute(
                 code,
@@ -369,9 +448,34 @@ class LiveSessions(SessionManager):
             self._forget(session, "lost")
             raise SessionNotFound(session_id) from exc
         self.observer.cell_finished(result, time.perf_counter() - started)
+        if not silent:
+            self._keep(session, result, code, front_end)
         if result.status is CellStatus.KILLED:
             self._forget(session, "killed")
         return result
+
+    def _keep(self, session: Session, result: CellResult, code: str, front_end: str) -> None:
+        """Put a finished cell into its session's history, and tell of it."""
+        ended = time.time()
+        entry = entry_of(
+            result,
+            code,
+            session.history.next_number(),
+            started_at=ended - result.duration_ms / 1000,
+            ended_at=ended,
+            front_end=front_end,
+            output_bytes=self.config.history_output_bytes,
+        )
+        session.history.add(entry)
+        data = {
+            "number": entry.number,
+            "execution_count": entry.execution_count,
+            "status": entry.status,
+            "end_reason": entry.end_reason,
+            "duration_s": entry.duration_s,
+            "front_end": front_end,
+        }
+        self._tell("cell.finished", session, data)
 
     async def install_packages(
         self, session_id: str, specs: Sequence[str], owner: str | None = None
@@ -457,10 +561,29 @@ class LiveSessions(SessionManager):
     def _remove(self, session: Session, reason: str) -> None:
         del self._sessions[session.id]
         self.closed_by_reason[reason] += 1
-        self.observer.session_closed(reason)
+        kernel = session.kernel
+        if reason in _DIED and kernel is not None and not kernel.settled.is_set():
+            self._in_background(self._tell_end_when_settled(session, reason, kernel))
+        else:
+            self._tell_end(session, reason, kernel)
         if reason in _EXPIRED:
             self.ended_seq += 1
             self._ended.append((self.ended_seq, session.id))
+
+    async def _tell_end_when_settled(
+        self, session: Session, reason: str, kernel: KernelClient
+    ) -> None:
+        """Tell of a session whose sandbox died once its death is explained (an OOM kill is
+        told apart from other deaths after the sandbox's process has exited)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(kernel.settled.wait(), SETTLE_WAIT_S)
+        self._tell_end(session, reason, kernel)
+
+    def _tell_end(self, session: Session, reason: str, kernel: KernelClient | None) -> None:
+        end_reason = _end_reason(reason, kernel)
+        self.observer.session_closed(reason, end_reason)
+        data = {"end_reason": end_reason, "reason": reason, "cells": session.history.last_number}
+        self._tell("session.closed", session, data)
 
     def ended_since(self, seq: int) -> builtins.list[str]:
         """Sessions that ended here on their own (idle timeout, lifetime) after the
@@ -558,5 +681,20 @@ class LiveSessions(SessionManager):
         """The owner's snapshot. Raises SnapshotNotFound."""
 
     @abc.abstractmethod
-    async def _from_snapshot(self, snapshot_id: str, owner: str | None) -> Session:
-        """A new session restored from a snapshot."""
+    async def _from_snapshot(
+        self, snapshot_id: str, owner: str | None, metadata: dict[str, str] | None = None
+    ) -> Session:
+        """A new session restored from a snapshot (with its metadata, or metadata)."""
+
+
+def _end_reason(reason: str, kernel: KernelClient | None) -> str:
+    """A session's typed end reason (operations.md) for the manager's own word for it."""
+    if reason in _DIED:  # its sandbox died
+        died_of = kernel.death_reason if kernel is not None else ""
+        return "oom_killed" if died_of == "memory" else "sandbox_died"
+    return _END_REASONS.get(reason, "closed")
+
+
+# The manager's words for an end that is not a close asked for (closed, deleted, shutdown,
+# a fork's copy that failed, ...: all "closed").
+_END_REASONS = {"idle": "idle_timeout", "lifetime": "lifetime", "broken": "restart_failed"}

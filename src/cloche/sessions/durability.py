@@ -33,6 +33,7 @@ from cloche.errors import (
 from cloche.sessions.core import LiveSessions
 from cloche.sessions.doors import egress_record, placeholders_of
 from cloche.sessions.durable import carry_disk
+from cloche.sessions.history import History
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import new_session_id
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
@@ -63,6 +64,8 @@ class DurableSessions(LiveSessions):
         session.waker = self._wake
         session.egress = self.doors.policy_again(record.egress, record.id)
         session.placeholders = placeholders_of(record.egress)
+        session.metadata = dict(record.metadata)
+        session.history = History.load(self.store.session_dir(record.id), self.config.history_cells)
         return session
 
     async def _room_for(self, count: int) -> None:
@@ -152,6 +155,7 @@ class DurableSessions(LiveSessions):
             started = time.perf_counter()
             home = self.store.session_dir(session.id)
             size = await self._checkpoint(session, home, keeps_running=False)
+            await asyncio.to_thread(session.history.save, home)
             self.store.save(
                 self._record(session, RecordState.PAUSED, self._origin_of(session.profile))
             )
@@ -159,6 +163,7 @@ class DurableSessions(LiveSessions):
             assert kernel is not None
             self._in_background(self._close_kernel(kernel, "paused"))
             self.observer.session_paused(reason, size)
+            self._tell("session.paused", session, {"reason": reason, "image_bytes": size})
             log.info(
                 "session paused id=%s reason=%s bytes=%d ms=%.1f",
                 session.id,
@@ -208,6 +213,7 @@ class DurableSessions(LiveSessions):
         await asyncio.to_thread(self.checkpoints.discard, home)
         seconds = time.perf_counter() - started
         self.observer.session_resumed(seconds)
+        self._tell("session.resumed", session, {"seconds": round(seconds, 3)})
         log.info("session resumed id=%s ms=%.1f", session.id, seconds * 1000)
 
     def _session_record(self, session_id: str) -> SessionRecord:
@@ -239,6 +245,7 @@ class DurableSessions(LiveSessions):
             else:
                 size = await self._checkpoint(session, home, keeps_running=True)
                 origin = self._origin_of(session.profile)
+            await asyncio.to_thread(session.history.save, home)
             record = SnapshotRecord(
                 id=snapshot_id,
                 session_id=session.id,
@@ -250,6 +257,7 @@ class DurableSessions(LiveSessions):
                 size_bytes=size,
                 origin=origin,
                 egress=egress_record(session),
+                metadata=dict(session.metadata),
             )
             self.store.save(record)
             self._snapshots[snapshot_id] = record
@@ -264,6 +272,7 @@ class DurableSessions(LiveSessions):
             raise
         record = self._snapshots[snapshot_id]
         self.observer.snapshot_taken(record.size_bytes)
+        self._tell("session.snapshotted", session, {"snapshot": snapshot_id, "name": name})
         log.info("snapshot id=%s session=%s bytes=%d", snapshot_id, session_id, record.size_bytes)
         return record
 
@@ -287,15 +296,24 @@ class DurableSessions(LiveSessions):
         await asyncio.to_thread(self.store.remove, self.store.snapshot_dir(snapshot_id))
         log.info("snapshot deleted id=%s", snapshot_id)
 
-    async def _from_snapshot(self, snapshot_id: str, owner: str | None) -> Session:
+    async def _from_snapshot(
+        self, snapshot_id: str, owner: str | None, metadata: dict[str, str] | None = None
+    ) -> Session:
         record = self._snapshot(snapshot_id, owner)
         await self._room_for(1)
         started = time.perf_counter()
-        kernel = await self._restore(
-            self.store.snapshot_dir(snapshot_id), record.origin, record.profile
-        )
+        home = self.store.snapshot_dir(snapshot_id)
+        kernel = await self._restore(home, record.origin, record.profile)
         self.observer.snapshot_restored(time.perf_counter() - started)
-        return self._adopt(kernel, record.owner_key, record.profile, record.execution_count)
+        history = await asyncio.to_thread(History.load, home, self.config.history_cells)
+        return self._adopt(
+            kernel,
+            record.owner_key,
+            record.profile,
+            record.execution_count,
+            metadata=record.metadata if metadata is None else metadata,
+            history=history,
+        )
 
     async def _restore(self, home: Path, origin: str, profile: str) -> KernelClient:
         """A kernel of profile restored (reseeded) from an image, counted as being created."""
@@ -365,7 +383,12 @@ class DurableSessions(LiveSessions):
                 if isinstance(kernel, KernelClient):
                     made.append(
                         self._adopt(
-                            kernel, session.owner_key, session.profile, session.execution_count
+                            kernel,
+                            session.owner_key,
+                            session.profile,
+                            session.execution_count,
+                            metadata=session.metadata,
+                            history=session.history,
                         )
                     )
             failed = [k for k in kernels if isinstance(k, BaseException)]
@@ -376,6 +399,9 @@ class DurableSessions(LiveSessions):
                     copy.placeholders = dict(session.placeholders)
                     await self.doors.open(copy, session.egress)
             self.observer.forked(count, time.perf_counter() - started)
+            for copy in made:
+                data = {"from": session.id, "profile": copy.profile, "metadata": copy.metadata}
+                self._tell("session.forked", copy, data)
             log.info("fork session=%s copies=%s", session_id, ",".join(s.id for s in made))
             return [s.info() for s in made]
         except BaseException:

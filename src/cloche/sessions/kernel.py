@@ -136,6 +136,9 @@ class KernelClient:
         self.max_frame_bytes = max_frame_bytes
         self.alive = False
         self.death: str | None = None  # why it died, when it did
+        # ... in a word (CellResult.killed_by): killed, memory, sandbox_died
+        self.death_reason = "sandbox_died"
+        self.settled = asyncio.Event()  # set once its death (if any) is explained
         self._ready: asyncio.Future[None] | None = None
         self._writer: asyncio.WriteTransport | None = None
         self._reader: asyncio.ReadTransport | None = None
@@ -300,6 +303,8 @@ class KernelClient:
                 if cell.reason is CellStatus.TIMEOUT
                 else "the cell was interrupted"
             )
+            if self.death is None:
+                self.death_reason = "killed"
             self._kill(f"{why} and did not stop within {grace:g} s of the interrupt")
 
     def _signal(self, cell: _Cell, reason: CellStatus) -> None:
@@ -461,6 +466,7 @@ class KernelClient:
         if not self.alive and self.death is not None:  # ended by `close`: the session is gone
             result.status, result.error, result.result = CellStatus.KILLED, None, None
             result.message = f"{self.death}; the session is gone"
+            result.killed_by = self.death_reason
         if result.dropped_bytes:
             result.message = _join(
                 result.message,
@@ -500,7 +506,14 @@ class KernelClient:
                 pass
         if self.death is not None:
             return
-        if code in (137, -signal.SIGKILL):
+        if code in (137, -signal.SIGKILL) and await asyncio.to_thread(self.sandbox.oom_killed):
+            self.death_reason = "memory"
+            self.death = (
+                "the sandbox was killed by the memory cgroup's OOM killer: its processes "
+                f"together went over the memory backstop of {self.limits.cgroup_memory_mib} MiB "
+                "(raise it with --memory-mib)"
+            )
+        elif code in (137, -signal.SIGKILL):
             self.death = (
                 "the sandbox was killed by SIGKILL: by its own code, or by the memory backstop "
                 f"of {self.limits.cgroup_memory_mib} MiB that its processes together must stay "
@@ -512,6 +525,7 @@ class KernelClient:
 
     def _lost(self) -> None:
         """The channel closed: the sandbox is dead or being killed."""
+        self.settled.set()
         self.alive = False
         if self.death is None:
             self.death = "the sandbox exited unexpectedly"
@@ -522,6 +536,7 @@ class KernelClient:
             cell.result.streams = _joined(cell.result.streams)
             cell.result.status = CellStatus.KILLED
             cell.result.message = f"{self.death}; the session is gone"
+            cell.result.killed_by = self.death_reason
             cell.future.set_result(None)
         if self._reader is not None:
             self._reader.close()

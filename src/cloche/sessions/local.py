@@ -8,6 +8,7 @@ Its verbs come in layers, one module each: live sessions (`sessions.core`), savi
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from cloche.errors import (
 )
 from cloche.sessions.moving import MovableSessions
 from cloche.sessions.session import Session
-from cloche.sessions.store import RecordState
+from cloche.sessions.store import RecordState, SessionRecord
 
 if TYPE_CHECKING:
     pass
@@ -33,10 +34,14 @@ class LocalSessionManager(MovableSessions):
         await asyncio.to_thread(self.backend.prepare)
         try:
             await asyncio.to_thread(self.store.open)
-            await asyncio.to_thread(self._load)
+            crashed = await asyncio.to_thread(self._load)
         except BaseException:
             await asyncio.to_thread(self.backend.shutdown)
             raise
+        for record in crashed:  # told now, on the loop: they ended with the last server
+            self.observer.session_closed("lost", "server_crashed")
+            data = {"end_reason": "server_crashed", "reason": "lost"}
+            self.observer.event("session.closed", record.id, record.owner_key, data)
         await asyncio.to_thread(self.installer.prepare)
         for pool in self.pools.values():
             pool.start()
@@ -44,8 +49,10 @@ class LocalSessionManager(MovableSessions):
         if self.catalog is not None:
             self.catalog.start()
 
-    def _load(self) -> None:
-        """Take over what a previous server left in the data directory (blocking)."""
+    def _load(self) -> builtins.list[SessionRecord]:
+        """Take over what a previous server left in the data directory (blocking); the
+        sessions that were live when it died."""
+        crashed = []
         for snapshot in self.store.snapshot_records():
             self._snapshots[snapshot.id] = snapshot
         for record in self.store.session_records():
@@ -56,6 +63,7 @@ class LocalSessionManager(MovableSessions):
                 record = replace(record, state=RecordState.LOST)
                 self.store.save(record)
                 self.checkpoints.discard(self.store.session_dir(record.id))
+                crashed.append(record)
             self._lost[record.id] = (
                 record.owner_key,
                 "when the server stopped unexpectedly",
@@ -68,6 +76,7 @@ class LocalSessionManager(MovableSessions):
             len(self._lost),
             len(self._snapshots),
         )
+        return crashed
 
     async def stop(self) -> None:
         """Pause every live session to disk (a few at a time; running cells interrupted

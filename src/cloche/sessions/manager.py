@@ -14,12 +14,13 @@ from __future__ import annotations
 import abc
 import builtins
 import uuid
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from typing import Any
 
-from cloche.errors import NodeNotFound, PackageInstallError
+from cloche.errors import InvalidMetadata, NodeNotFound, PackageInstallError
 from cloche.sandbox.files import FileListing
 from cloche.sessions.doors import EgressAsk
+from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
@@ -28,12 +29,63 @@ from cloche.sessions.store import SnapshotRecord
 __all__ = ["EgressAsk", "InstalledPackages", "SessionManager", "new_session_id"]
 
 InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
+METADATA_MAX_PAIRS = 32
+METADATA_MAX_BYTES = 4096  # keys and values together, UTF-8
 
 
 def new_session_id() -> str:
     """A random UUID (122 bits from the OS's CSPRNG): unguessable, safe in URLs and file
     names, and the shape jupyter_server's routes require of a kernel id (it is one)."""
     return str(uuid.uuid4())
+
+
+def check_metadata(
+    metadata: Mapping[str, Any], changes: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """metadata with changes merged (a None value deletes its key), checked: string keys
+    and values, at most METADATA_MAX_PAIRS pairs and METADATA_MAX_BYTES in all.
+
+    Raises:
+        InvalidMetadata: it is not.
+    """
+    if not isinstance(metadata, Mapping) or not isinstance(changes or {}, Mapping):
+        raise InvalidMetadata("metadata is an object of string keys and string values")
+    merged = dict(metadata)
+    for key, value in (changes or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    for key, value in merged.items():
+        if not isinstance(key, str) or not isinstance(value, str) or not key:
+            raise InvalidMetadata(
+                f"metadata {key!r}: keys are non-empty strings and values strings "
+                "(null in a PATCH deletes a key)"
+            )
+    if len(merged) > METADATA_MAX_PAIRS:
+        raise InvalidMetadata(
+            f"metadata has {len(merged)} pairs; a session keeps at most {METADATA_MAX_PAIRS}"
+        )
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in merged.items())
+    if size > METADATA_MAX_BYTES:
+        raise InvalidMetadata(
+            f"metadata holds {size} bytes; a session keeps at most {METADATA_MAX_BYTES}"
+        )
+    return merged
+
+
+def matches(
+    info: SessionInfo,
+    state: str | None = None,
+    profile: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether a session is in the state, of the profile, and carries every pair given."""
+    if state is not None and info.state.value != state:
+        return False
+    if profile is not None and info.profile != profile:
+        return False
+    return all(info.metadata.get(k) == v for k, v in (metadata or {}).items())
 
 
 class SessionManager(abc.ABC):
@@ -46,13 +98,16 @@ class SessionManager(abc.ABC):
         profile: str = "lean",
         snapshot: str | None = None,
         egress: EgressAsk = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> SessionInfo:
         """A new session of a profile (`lean` or `data`), from its warm pool when it can;
         or, given a snapshot id, a new session restored from that snapshot. `egress` asks
         for a policy of the server's (a name, or {policy, allow} to narrow one); nothing
-        asked gets the server's `default` policy, if it has one.
+        asked gets the server's `default` policy, if it has one. `metadata` labels it
+        (string keys and values, `check_metadata`'s limits).
 
         Raises:
+            InvalidMetadata: metadata of the wrong shape or too large.
             EgressRefused: an unknown policy, a rule wider than it, or no egress here.
             UnknownProfile: no profile of that name.
             TooManySessions: the server is at --max-sessions.
@@ -67,8 +122,52 @@ class SessionManager(abc.ABC):
         for one that was live when a previous server died (or whose node failed)."""
 
     @abc.abstractmethod
-    async def sessions(self, owner: str | None = None) -> list[SessionInfo]:
-        """The owner's sessions."""
+    async def sessions(
+        self,
+        owner: str | None = None,
+        *,
+        every: bool = False,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> list[SessionInfo]:
+        """The owner's sessions (every owner's, with every: an admin's view), those in a
+        state, of a profile, and carrying every pair of metadata given."""
+
+    @abc.abstractmethod
+    async def set_metadata(
+        self, session_id: str, changes: Mapping[str, str | None], owner: str | None = None
+    ) -> SessionInfo:
+        """Merge changes into a session's metadata (a None value deletes its key).
+
+        Raises:
+            SessionNotFound: unknown id, or another owner's.
+            InvalidMetadata: the result would be of the wrong shape or too large.
+        """
+
+    @abc.abstractmethod
+    async def history(
+        self,
+        session_id: str,
+        owner: str | None = None,
+        *,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> builtins.list[CellEntry]:
+        """A session's cells after the one numbered after, oldest first, at most limit.
+
+        Raises:
+            SessionNotFound: unknown id, or another owner's.
+        """
+
+    @abc.abstractmethod
+    async def cell(self, session_id: str, number: int, owner: str | None = None) -> CellEntry:
+        """One cell of a session's history.
+
+        Raises:
+            SessionNotFound: unknown id, or another owner's.
+            CellNotFound: no cell of that number is kept.
+        """
 
     # -- durability -----------------------------------------------------------------------
 
@@ -129,8 +228,10 @@ class SessionManager(abc.ABC):
         silent: bool = False,
         stdin: bool = False,
         pager: bool = False,
+        front_end: str = "",
     ) -> CellResult:
-        """Run a cell in a session (queued behind the running one).
+        """Run a cell in a session (queued behind the running one). Its history keeps it
+        (unless silent), saying which front end sent it.
 
         timeout_s is capped by the server's --cell-timeout. With track_files, the result
         lists the files the cell created or changed in the working directory. A silent

@@ -75,7 +75,7 @@ class MovableSessions(DurableSessions):
         self.store.save(replace(record, state=RecordState.PAUSED))
         self.store.added(home)
         self._moved.discard(record.id)
-        self._sessions[record.id] = self._paused_session(record)
+        self._sessions[record.id] = await asyncio.to_thread(self._paused_session, record)
 
     async def export_snapshot(self, snapshot_id: str) -> tuple[SnapshotRecord, bytes]:
         """A snapshot's record and image, for another node to adopt (it stays here too)."""

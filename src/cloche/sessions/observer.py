@@ -44,8 +44,9 @@ class Observer:
     def session_created(self, profile: str) -> None:
         """A session of profile was made (new, from a snapshot, or a fork's copy)."""
 
-    def session_closed(self, reason: str) -> None:
-        """A session ended, for reason (closed, idle, lost, killed, ...)."""
+    def session_closed(self, reason: str, end_reason: str = "closed") -> None:
+        """A session ended, for reason (closed, idle, lost, killed, ...); end_reason is the
+        typed one of operations.md (closed, idle_timeout, oom_killed, sandbox_died, ...)."""
 
     def cell_finished(self, result: CellResult, seconds: float) -> None:
         """A cell ended as result after seconds of wall time, as the manager saw it."""

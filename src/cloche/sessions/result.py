@@ -32,6 +32,22 @@ class CellResult:
     dropped_bytes: int = 0  # output beyond the per-cell limit
     files: list[str] = field(default_factory=list)  # created or changed (when tracked)
     queue_wait_s: float = 0.0  # waited behind its session's earlier cells, then for its turn
+    # Why a KILLED cell's sandbox died: "killed" (it ignored its interrupt), "memory" (the
+    # memory cgroup's OOM killer), "sandbox_died" (anything else); see `end_reason`.
+    killed_by: str = "sandbox_died"
+
+    @property
+    def end_reason(self) -> str:
+        """The typed reason the cell ended (operations.md), finer than `status`: ok, error,
+        timeout, interrupted, memory (MemoryError or the cgroup's OOM kill), output_limit,
+        killed (ignored its interrupt), sandbox_died."""
+        if self.status is CellStatus.KILLED:
+            return self.killed_by
+        if self.status is CellStatus.ERROR:
+            return "memory" if self.error and self.error.get("ename") == "MemoryError" else "error"
+        if self.status is not CellStatus.OK:
+            return str(self.status.value)  # timeout, interrupted
+        return "output_limit" if self.dropped_bytes else "ok"
 
     @property
     def session_survived(self) -> bool:

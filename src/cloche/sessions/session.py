@@ -9,7 +9,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB
@@ -17,6 +17,7 @@ from cloche.errors import KernelDied, SessionBusy
 from cloche.sandbox.base import ExitStep
 from cloche.sandbox.files import Snapshot, WorkdirFiles, changed
 from cloche.sessions.gate import CellGate
+from cloche.sessions.history import DEFAULT_HISTORY_CELLS, History
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.result import CellResult, CellStatus
 
@@ -91,6 +92,8 @@ class SessionInfo:
     queued_cells: int
     profile: str
     egress: dict[str, Any] | None = None  # the policy it was given ({policy, allow?}), if any
+    metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
+    last_cell: dict[str, Any] | None = None  # {number, end_reason, ended_at} of its last cell
 
 
 class Session:
@@ -127,6 +130,8 @@ class Session:
         self.last_active = time.monotonic() - max(0.0, time.time() - self._last_active_wall)
         self.execution_count = execution_count
         self.close_reason: str | None = None
+        self.metadata: dict[str, str] = {}  # its owner's labels (operations.md)
+        self.history = History(DEFAULT_HISTORY_CELLS)  # its last cells (the manager's size)
         self._max_queued = max_queued
         self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in FIFO order
         self._life = asyncio.Lock()  # held while the session is paused or resumed
@@ -166,6 +171,8 @@ class Session:
             queued_cells=self._waiting,
             profile=self.profile,
             egress=self.egress.describe() if self.egress is not None else None,
+            metadata=dict(self.metadata),
+            last_cell=_last_cell(self.history),
         )
 
     @property
@@ -468,3 +475,10 @@ class Session:
     def dead(self) -> bool:
         """Its sandbox is gone (killed, crashed) while idle, and nobody closed it yet."""
         return self.state is SessionState.IDLE and self.kernel is not None and not self.kernel.alive
+
+
+def _last_cell(history: History) -> dict[str, Any] | None:
+    last = history.last
+    if last is None:
+        return None
+    return {"number": last.number, "end_reason": last.end_reason, "ended_at": last.ended_at}

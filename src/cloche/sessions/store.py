@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class SessionRecord:
     state: RecordState
     origin: str = ""  # the runtime that made its image (see `Store.origin`)
     egress: dict[str, Any] | None = None  # its egress policy, as asked ({policy, allow?})
+    metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class SnapshotRecord:
     size_bytes: int
     origin: str
     egress: dict[str, Any] | None = None  # the session's egress policy when it was taken
+    metadata: dict[str, str] = field(default_factory=dict)  # the session's, when taken
 
 
 def _load(path: Path, kind: type[Any]) -> Any:

@@ -21,6 +21,7 @@ from cloche.server.http import (
     context,
     errors,
     events,
+    history,
     packages,
     profiles,
     sessions,
@@ -61,6 +62,7 @@ def create_app(
     errors.install(app)
     app.include_router(terrarium.router)
     app.include_router(sessions.router)
+    app.include_router(history.router)
     app.include_router(snapshots.router)
     app.include_router(context.router)
     app.include_router(packages.router)

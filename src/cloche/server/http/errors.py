@@ -12,11 +12,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from cloche.errors import (
+    CellNotFound,
     CheckpointFailed,
     ClocheError,
     EgressRefused,
     Forbidden,
     ForkRefused,
+    InvalidMetadata,
     LLMBudgetExceeded,
     LLMError,
     LLMUnavailable,
@@ -46,6 +48,8 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (SessionNotFound, 404, "not_found"),
     (SessionLost, 410, "lost"),
     (SnapshotNotFound, 404, "not_found"),
+    (CellNotFound, 404, "not_found"),
+    (InvalidMetadata, 400, "invalid_request"),
     (NodeNotFound, 404, "not_found"),
     (RestoreRefused, 422, "restore_refused"),
     (StorageFull, 507, "storage_full"),

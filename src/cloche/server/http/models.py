@@ -91,6 +91,50 @@ class SessionCreate(BaseModel):
         "(--egress-policy), or {policy, allow} to narrow one to fewer hosts. Nothing: the "
         "server's `default` policy, if it has one; without it, no network",
     )
+    metadata: dict[str, str] | None = Field(
+        default=None,
+        description="Labels of your choosing: string keys and values, at most 32 pairs and "
+        "4 KiB (GET /v1/sessions?metadata.k=v finds them); from a snapshot, its session's "
+        "when left out",
+    )
+
+
+class MetadataPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metadata: dict[str, str | None] = Field(
+        description="Merged into the session's metadata; a null value deletes its key"
+    )
+
+
+class LastCell(BaseModel):
+    number: int
+    end_reason: str
+    ended_at: float = Field(description="Unix time, s")
+
+
+class CellOut(BaseModel):
+    number: int = Field(description="Its place in the session's life, from 1")
+    execution_count: int = Field(description="As the kernel counted it (a restart resets it)")
+    code: str
+    status: str = Field(description="ok, error, timeout, interrupted, killed")
+    end_reason: str = Field(
+        description="ok, error, timeout, interrupted, memory, output_limit, killed, sandbox_died"
+    )
+    started_at: float = Field(description="Unix time, s")
+    ended_at: float = Field(description="Unix time, s")
+    duration_s: float
+    stdout: str = Field(description="Cut to the server's --history-output-bytes, with a marker")
+    stderr: str
+    result: dict[str, Any] | None = Field(description="MIME bundle of the last expression")
+    displays: list[dict[str, Any]] = Field(description="MIME bundles it displayed")
+    error: dict[str, Any] | None = Field(description="{ename, evalue, traceback}")
+    files_changed: list[str]
+    front_end: str = Field(description="Which front end sent it: http, tcp, mcp, jupyter, ui")
+    message: str | None = Field(description="What cloche said about it (a limit, a loss)")
+
+
+class CellList(BaseModel):
+    cells: list[CellOut]
 
 
 class SessionLimits(BaseModel):
@@ -113,6 +157,8 @@ class SessionOut(BaseModel):
     egress: dict[str, Any] | None = Field(
         default=None, description="The egress policy it was given ({policy, allow?})"
     )
+    metadata: dict[str, str] = Field(default_factory=dict, description="Its labels")
+    last_cell: LastCell | None = Field(default=None, description="Its last cell, if any")
     limits: SessionLimits
 
 
@@ -170,6 +216,9 @@ class ExecuteResponse(BaseModel):
     """Everything the cell produced (see the execution spec)."""
 
     status: Literal["ok", "error", "timeout", "interrupted", "killed"]
+    end_reason: Literal[
+        "ok", "error", "timeout", "interrupted", "memory", "output_limit", "killed", "sandbox_died"
+    ] = Field(description="Finer than status: why the cell ended")
     stdout: str
     stderr: str
     result: dict[str, Any] | None = Field(

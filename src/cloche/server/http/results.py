@@ -11,6 +11,7 @@ def execute_body(result: CellResult) -> dict[str, Any]:
     """The full result of a cell, as the sessions API returns it."""
     return {
         "status": result.status.value,
+        "end_reason": result.end_reason,
         "stdout": result.stdout,
         "stderr": result.stderr,
         "result": result.result["data"] if result.result else None,

@@ -18,7 +18,7 @@ from cloche.config import Limits
 from cloche.errors import ClocheError, PathRefused, UnknownProfile
 from cloche.llm.context import put_context_value
 from cloche.protocol.paths import normalise
-from cloche.server.http.auth import owner_of
+from cloche.server.http.auth import caller_of, owner_of
 from cloche.server.http.models import (
     EgressAsk,
     ErrorBody,
@@ -34,6 +34,7 @@ from cloche.server.http.models import (
 )
 from cloche.server.http.results import execute_body
 from cloche.server.jsonbody import JSONBody, json_text
+from cloche.server.tenants import Caller
 from cloche.sessions.manager import SessionManager
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
@@ -64,6 +65,8 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
         "expires_at": _iso(expires),
         "execution_count": info.execution_count,
         "egress": info.egress,
+        "metadata": info.metadata,
+        "last_cell": info.last_cell,
         "limits": {
             "cell_timeout_s": timeout_s,
             "memory_mib": limits.memory_mib,
@@ -76,7 +79,7 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
     }
 
 
-def _describe(request: Request, info: SessionInfo) -> dict[str, Any]:
+def describe(request: Request, info: SessionInfo) -> dict[str, Any]:
     limits: Limits = request.app.state.limits
     timeouts: dict[str, float] = request.app.state.session_timeouts
     return _session_out(info, limits, timeouts.get(info.id, limits.cell_timeout_s))
@@ -102,7 +105,9 @@ async def create_session(
         )
     egress = body.egress
     asked = egress.model_dump(exclude_none=True) if isinstance(egress, EgressAsk) else egress
-    info = await manager.create(owner, profile=body.profile, snapshot=body.snapshot, egress=asked)
+    info = await manager.create(
+        owner, profile=body.profile, snapshot=body.snapshot, egress=asked, metadata=body.metadata
+    )
     try:
         await manager.write_files(info.id, inputs, owner)
         if body.env:
@@ -119,19 +124,42 @@ async def create_session(
         raise
     if body.timeout is not None:
         request.app.state.session_timeouts[info.id] = min(body.timeout, limits.cell_timeout_s)
-    return _describe(request, await manager.info(info.id, owner))
+    return describe(request, await manager.info(info.id, owner))
 
 
 @router.get("", response_model=SessionList, summary="The caller's sessions")
-async def list_sessions(request: Request, owner: str | None = Depends(owner_of)) -> dict[str, Any]:
-    return {"sessions": [_describe(request, i) for i in await _manager(request).sessions(owner)]}
+async def list_sessions(
+    request: Request,
+    every: bool = Query(
+        False,
+        alias="all",
+        description="An admin's: every tenant's sessions (a user's: still its own)",
+    ),
+    state: str | None = Query(None, description="Only those in this state (idle, busy, paused)"),
+    profile: str | None = Query(None, description="Only those of this profile"),
+    caller: Caller = Depends(caller_of),  # noqa: B008
+) -> dict[str, Any]:
+    """Also `?metadata.<key>=<value>` (any number): only those carrying every such pair."""
+    labels = {
+        key.removeprefix("metadata."): value
+        for key, value in request.query_params.items()
+        if key.startswith("metadata.")
+    }
+    infos = await _manager(request).sessions(
+        caller.token,
+        every=every and caller.sees_all,
+        state=state,
+        profile=profile,
+        metadata=labels,
+    )
+    return {"sessions": [describe(request, i) for i in infos]}
 
 
 @router.get("/{session_id}", response_model=SessionOut, summary="One session")
 async def get_session(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    return _describe(request, await _manager(request).info(session_id, owner))
+    return describe(request, await _manager(request).info(session_id, owner))
 
 
 @router.post(
@@ -142,7 +170,7 @@ async def get_session(
 async def restart_session(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    return _describe(request, await _manager(request).restart(session_id, owner))
+    return describe(request, await _manager(request).restart(session_id, owner))
 
 
 @router.delete("/{session_id}", status_code=204, summary="Close a session")
@@ -180,7 +208,7 @@ async def execute(
             request, manager, session_id, body.code, timeout, owner, body.allow_stdin
         )
     result = await manager.execute(
-        session_id, body.code, owner=owner, timeout_s=timeout, track_files=True
+        session_id, body.code, owner=owner, timeout_s=timeout, track_files=True, front_end="http"
     )
     # Returned as a Response, FastAPI doesn't validate and serialise it again (~0.1 ms).
     return JSONBody(execute_body(result))
@@ -234,6 +262,7 @@ async def _stream(
                 on_event=on_event,
                 track_files=True,
                 stdin=stdin,
+                front_end="http",
             )
         except ClocheError as exc:
             refused.append(exc)

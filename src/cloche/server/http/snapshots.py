@@ -17,7 +17,7 @@ from cloche.server.http.models import (
     SnapshotList,
     SnapshotOut,
 )
-from cloche.server.http.sessions import ERRORS, _describe, _iso, _manager
+from cloche.server.http.sessions import ERRORS, _iso, _manager, describe
 from cloche.sessions.store import SnapshotRecord
 
 router = APIRouter(prefix="/v1", tags=["snapshots"], responses=ERRORS | {507: ERRORS[400]})
@@ -65,7 +65,7 @@ async def fork_session(
 ) -> dict[str, Any]:
     count = body.count if body is not None else 1
     copies = await _manager(request).fork(session_id, count, owner)
-    return {"sessions": [_describe(request, info) for info in copies]}
+    return {"sessions": [describe(request, info) for info in copies]}
 
 
 @router.post(
@@ -76,14 +76,14 @@ async def fork_session(
 async def pause_session(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    return _describe(request, await _manager(request).pause(session_id, owner))
+    return describe(request, await _manager(request).pause(session_id, owner))
 
 
 @router.post("/sessions/{session_id}/resume", response_model=SessionOut, summary="Resume now")
 async def resume_session(
     session_id: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> dict[str, Any]:
-    return _describe(request, await _manager(request).resume(session_id, owner))
+    return describe(request, await _manager(request).resume(session_id, owner))
 
 
 @router.get("/snapshots", response_model=SnapshotList, summary="The caller's snapshots")

@@ -64,7 +64,9 @@ async def run_once(
             await manager.write_files(info.id, inputs, owner)
         except PathRefused as exc:
             return failure("parsing", str(exc), 400)
-        result = await manager.execute(info.id, body.code, owner=owner, track_files=True)
+        result = await manager.execute(
+            info.id, body.code, owner=owner, track_files=True, front_end="terrarium"
+        )
         outputs = await _read_all(manager, info.id, owner, result.files)
     finally:
         _discard(request, manager, info.id, owner)

@@ -254,6 +254,7 @@ class GatewayKernel:
                 on_event=None if silent else on_event,
                 stdin=content.get("allow_stdin") is True and not silent,
                 pager=True,
+                front_end="jupyter",
             )
         except ClocheError as exc:
             self.count = None

@@ -93,6 +93,7 @@ class ManagerSession:
             code,
             owner=client.owner,
             timeout_s=timeout or client.cell_timeout_s(self.id),
+            front_end="mcp",
         )
         return execution_from_json(execute_body(result), session_id=self.id)
 
