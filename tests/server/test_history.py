@@ -103,12 +103,12 @@ def test_another_owner_or_an_unknown_session_has_no_history(make_server):
         assert alice.get("/v1/sessions/nope/cells").status_code == 404
 
 
-def test_the_history_survives_pause_snapshot_fork_and_a_server_restart(state_root, tmp_path):
+def test_history_metadata_and_cell_timeout_survive_pause_snapshot_fork_and_a_restart(state_root, tmp_path):
     require_gvisor()
     config = make_config(state_root, pool_size=1, data_dir=tmp_path / "data")
     with ServerThread(config) as first:
         with httpx.Client(base_url=f"http://127.0.0.1:{first.http_port}", timeout=120) as api:
-            session = new_session(api, metadata={"run": "7"})
+            session = new_session(api, metadata={"run": "7"}, timeout=1.5)
             run(api, session, "a = 1")
             run(api, session, "print(a + 1)")
             assert api.post(f"/v1/sessions/{session}/pause").status_code == 200
@@ -125,6 +125,7 @@ def test_the_history_survives_pause_snapshot_fork_and_a_server_restart(state_roo
             assert copies.status_code == 201, copies.text
             copy = copies.json()["sessions"][0]["id"]
             assert len(cells(api, copy)) == 3
+            assert api.get(f"/v1/sessions/{copy}").json()["limits"]["cell_timeout_s"] == 1.5
             run(api, copy, "c = 3")  # the copy's history goes on alone
             assert len(cells(api, copy)) == 4 and len(cells(api, session)) == 3
     with ServerThread(config) as second:
@@ -135,6 +136,9 @@ def test_the_history_survives_pause_snapshot_fork_and_a_server_restart(state_roo
             assert api.get(f"/v1/sessions/{session}").json()["metadata"] == {"run": "7"}
             assert run(api, session, "a + b")["result"]["text/plain"] == "3"
             assert [c["number"] for c in cells(api, session)] == [1, 2, 3, 4]
+            # its own default cell time limit is kept too (the server's is 20 s)
+            assert api.get(f"/v1/sessions/{session}").json()["limits"]["cell_timeout_s"] == 1.5
+            assert run(api, session, "while True: pass")["end_reason"] == "timeout"
 
 
 def test_metadata_is_set_merged_and_filters_the_listing(http):

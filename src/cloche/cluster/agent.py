@@ -236,8 +236,11 @@ class NodeAgent:
         snapshot: str | None,
         egress: str | dict[str, Any] | None = None,
         metadata: dict[str, str] | None = None,
+        cell_timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        info = await self.manager.create(owner, profile, snapshot, egress, metadata)
+        info = await self.manager.create(
+            owner, profile, snapshot, egress, metadata, cell_timeout_s=cell_timeout_s
+        )
         return {"info": codec.info_out(info), "stats": self.stats()}
 
     async def _op_ended_since(self, on_event: EventCallback, seq: int) -> dict[str, Any]:

@@ -371,6 +371,7 @@ class ClusterSessionManager(SessionManager):
         snapshot: str | None = None,
         egress: EgressAsk = None,
         metadata: Mapping[str, str] | None = None,
+        cell_timeout_s: float | None = None,
     ) -> SessionInfo:
         labels = check_metadata(metadata) if metadata else None
         if egress is not None and self.config.egress_policy is None:
@@ -403,6 +404,7 @@ class ClusterSessionManager(SessionManager):
                         "snapshot": snapshot,
                         "egress": egress,
                         "metadata": labels,
+                        "cell_timeout_s": cell_timeout_s,
                     },
                 )
             except LinkDown:

@@ -217,6 +217,7 @@ class LiveSessions(SessionManager):
         snapshot: str | None = None,
         egress: EgressAsk = None,
         metadata: Mapping[str, str] | None = None,
+        cell_timeout_s: float | None = None,
     ) -> SessionInfo:
         labels = check_metadata(metadata or {})
         if egress is None and self.catalog is not None:  # the profile's own, if it has one
@@ -233,6 +234,9 @@ class LiveSessions(SessionManager):
             session = await self._from_snapshot(snapshot, owner, labels if metadata else None)
         else:
             session = await self._create(owner, profile, labels)
+        if cell_timeout_s is not None and cell_timeout_s > 0:
+            session.cell_timeout_s = min(cell_timeout_s, self.limits.cell_timeout_s)
+            await asyncio.to_thread(self.store.save, self._record(session, RecordState.LIVE))
         if policy is not None:
             session.placeholders = placeholders
             try:
@@ -271,6 +275,7 @@ class LiveSessions(SessionManager):
         *,
         metadata: dict[str, str] | None = None,
         history: History | None = None,
+        cell_timeout_s: float | None = None,
     ) -> Session:
         """A new session (new id) on a started kernel, with its record on disk (and the
         metadata and history of the session it copies, if any)."""
@@ -286,6 +291,7 @@ class LiveSessions(SessionManager):
         )
         session.waker = self._wake
         session.metadata = dict(metadata or {})
+        session.cell_timeout_s = cell_timeout_s
         session.history = history.copy() if history is not None else self._new_history()
         self._equip(session, kernel)
         self._sessions[session.id] = session
@@ -330,6 +336,7 @@ class LiveSessions(SessionManager):
             egress=egress_record(session),
             origin=origin,
             metadata=dict(session.metadata),
+            cell_timeout_s=session.cell_timeout_s,
         )
 
     @property
@@ -430,6 +437,7 @@ class LiveSessions(SessionManager):
     ) -> CellResult:
         session = self._find(session_id, owner)
         limit = self.limits.cell_timeout_s
+        timeout_s = timeout_s if timeout_s and timeout_s > 0 else session.cell_timeout_s
         timeout = min(timeout_s, limit) if timeout_s and timeout_s > 0 else limit
         started = time.perf_counter()
         if not silent:

@@ -65,6 +65,7 @@ class DurableSessions(LiveSessions):
         session.egress = self.doors.policy_again(record.egress, record.id)
         session.placeholders = placeholders_of(record.egress)
         session.metadata = dict(record.metadata)
+        session.cell_timeout_s = record.cell_timeout_s
         session.history = History.load(self.store.session_dir(record.id), self.config.history_cells)
         return session
 
@@ -389,6 +390,7 @@ class DurableSessions(LiveSessions):
                             session.execution_count,
                             metadata=session.metadata,
                             history=session.history,
+                            cell_timeout_s=session.cell_timeout_s,
                         )
                     )
             failed = [k for k in kernels if isinstance(k, BaseException)]

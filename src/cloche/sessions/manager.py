@@ -99,12 +99,14 @@ class SessionManager(abc.ABC):
         snapshot: str | None = None,
         egress: EgressAsk = None,
         metadata: Mapping[str, str] | None = None,
+        cell_timeout_s: float | None = None,
     ) -> SessionInfo:
         """A new session of a profile (`lean` or `data`), from its warm pool when it can;
         or, given a snapshot id, a new session restored from that snapshot. `egress` asks
         for a policy of the server's (a name, or {policy, allow} to narrow one); nothing
         asked gets the server's `default` policy, if it has one. `metadata` labels it
-        (string keys and values, `check_metadata`'s limits).
+        (string keys and values, `check_metadata`'s limits). `cell_timeout_s` is the time
+        limit of its cells that ask for none (capped by --cell-timeout), kept with it.
 
         Raises:
             InvalidMetadata: metadata of the wrong shape or too large.

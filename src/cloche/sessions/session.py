@@ -93,6 +93,7 @@ class SessionInfo:
     profile: str
     egress: dict[str, Any] | None = None  # the policy it was given ({policy, allow?}), if any
     metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
+    cell_timeout_s: float | None = None  # its cells' default time limit, if it has its own
     last_cell: dict[str, Any] | None = None  # {number, end_reason, ended_at} of its last cell
 
 
@@ -131,6 +132,7 @@ class Session:
         self.execution_count = execution_count
         self.close_reason: str | None = None
         self.metadata: dict[str, str] = {}  # its owner's labels (operations.md)
+        self.cell_timeout_s: float | None = None  # its cells' default limit, if its own
         self.history = History(DEFAULT_HISTORY_CELLS)  # its last cells (the manager's size)
         self._max_queued = max_queued
         self._lock = asyncio.Lock()  # asyncio.Lock wakes waiters in FIFO order
@@ -172,6 +174,7 @@ class Session:
             profile=self.profile,
             egress=self.egress.describe() if self.egress is not None else None,
             metadata=dict(self.metadata),
+            cell_timeout_s=self.cell_timeout_s,
             last_cell=_last_cell(self.history),
         )
 

@@ -54,6 +54,7 @@ class SessionRecord:
     origin: str = ""  # the runtime that made its image (see `Store.origin`)
     egress: dict[str, Any] | None = None  # its egress policy, as asked ({policy, allow?})
     metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
+    cell_timeout_s: float | None = None  # its cells' default time limit, if its own
 
 
 @dataclass(frozen=True)

@@ -81,8 +81,7 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
 
 def describe(request: Request, info: SessionInfo) -> dict[str, Any]:
     limits: Limits = request.app.state.limits
-    timeouts: dict[str, float] = request.app.state.session_timeouts
-    return _session_out(info, limits, timeouts.get(info.id, limits.cell_timeout_s))
+    return _session_out(info, limits, info.cell_timeout_s or limits.cell_timeout_s)
 
 
 @router.post("", status_code=201, response_model=SessionOut, summary="Create a session")
@@ -106,7 +105,12 @@ async def create_session(
     egress = body.egress
     asked = egress.model_dump(exclude_none=True) if isinstance(egress, EgressAsk) else egress
     info = await manager.create(
-        owner, profile=body.profile, snapshot=body.snapshot, egress=asked, metadata=body.metadata
+        owner,
+        profile=body.profile,
+        snapshot=body.snapshot,
+        egress=asked,
+        metadata=body.metadata,
+        cell_timeout_s=body.timeout,
     )
     try:
         await manager.write_files(info.id, inputs, owner)
@@ -122,7 +126,7 @@ async def create_session(
     except BaseException:
         await manager.close(info.id, owner, reason="failed-setup")
         raise
-    if body.timeout is not None:
+    if body.timeout is not None:  # for the front ends that still look it up here
         request.app.state.session_timeouts[info.id] = min(body.timeout, limits.cell_timeout_s)
     return describe(request, await manager.info(info.id, owner))
 
