@@ -279,14 +279,18 @@ async def test_frames_tell_a_gap_first_and_a_drop_last_without_ids():
 
 T1 = {"Authorization": "Bearer t1"}
 T2 = {"Authorization": "Bearer t2"}
+BOSS = {"Authorization": "Bearer boss"}
 LIFE = ["session.created", "cell.started", "cell.finished", "session.closed"]
 
 
 @pytest.fixture(scope="module")
 def guarded(state_root) -> Iterator[ServerThread]:
-    """A server with two tokens, t1 and t2."""
+    """A server with two users' tokens, t1 and t2, and an admin's, boss."""
     require_gvisor()
-    with ServerThread(make_config(state_root, tokens=frozenset({"t1", "t2"}))) as running:
+    config = make_config(
+        state_root, tokens=frozenset({"t1", "t2"}), admin_tokens=frozenset({"boss"})
+    )
+    with ServerThread(config) as running:
         yield running
 
 
@@ -426,6 +430,17 @@ def test_a_token_never_sees_another_tokens_events(guarded):
         publish(guarded, "node.dead", None, None)  # nobody's: an admin's
         own = publish(guarded, "session.created", "of-t2", "t2")
         assert [int(f["id"]) for f in events.until(lambda f: int(f["id"]) == own)] == [own]
+
+
+def test_an_admin_sees_every_tenants_events(guarded):
+    with client_of(guarded, BOSS) as http, stream(http) as events:
+        ids = [
+            publish(guarded, "session.created", "of-t1", "t1"),
+            publish(guarded, "node.dead", None, None),
+            publish(guarded, "session.created", "of-t2", "t2"),
+        ]
+        seen = [int(f["id"]) for f in events.until(lambda f: int(f["id"]) == ids[-1])]
+        assert seen == ids
 
 
 def test_types_filter_and_heartbeats(guarded):

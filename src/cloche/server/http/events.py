@@ -26,7 +26,7 @@ from cloche.server.events import (
     SubscriptionEnded,
     notice,
 )
-from cloche.server.http.auth import owner_of
+from cloche.server.http.auth import can_see_all, owner_of
 from cloche.server.http.errors import error_response
 from cloche.server.http.sessions import ERRORS
 from cloche.server.jsonbody import json_bytes
@@ -38,8 +38,8 @@ router = APIRouter(prefix="/v1", tags=["events"], responses=ERRORS)
 
 def scope_of(request: Request, owner: str | None) -> Scope:
     """Whose events the caller may see: without tokens, everyone's; with a token, the
-    sessions of that token. (Roles hook in here: an admin's scope is everything.)"""
-    if owner is None:
+    sessions of that token; an admin's (--admin-token, role = "admin"), everyone's."""
+    if owner is None or can_see_all(request):
         return Scope(everything=True)
     return Scope(owner_key=owner_key(owner))
 
