@@ -2,7 +2,8 @@
 # Installs what cloche needs on a Debian/Ubuntu machine, idempotently:
 #   runsc (gVisor), a virtualenv .venv with cloche, the sandbox runtime .runtime/.
 # Usage: scripts/install.sh [--dev] [--cluster]
-#   --dev adds ruff, mypy, pytest, ...; --cluster adds Ray (cloche[cluster], for --cluster)
+#   --dev adds ruff, mypy, pytest, Playwright with Debian's chromium, ...;
+#   --cluster adds Ray (cloche[cluster], for --cluster)
 # Each step is skipped when already done, so a second run takes about a second.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -168,9 +169,22 @@ install_docker() {
     apt_install --no-install-recommends docker.io
 }
 
+# The inspector's browser tests (tests/server/test_ui.py) drive Debian's chromium through
+# Playwright, which is not allowed to download a browser of its own.
+install_chromium() {
+    command -v chromium >/dev/null && return 0
+    if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
+        say "no chromium here: the inspector's browser tests need it (apt-get install chromium)"
+        return 0
+    fi
+    say "installing chromium (for the inspector's browser tests)"
+    apt_install --no-install-recommends chromium
+}
+
 main() {
     install_runsc || say "continuing without runsc: only --backend unsafe-local will work"
     [ "$dev" = 1 ] && install_docker
+    [ "$dev" = 1 ] && install_chromium
     local py
     py=$(pick_python)
     install_venv "$py"
