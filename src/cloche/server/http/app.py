@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from cloche import __version__
 from cloche.config import MIB, ServerConfig
-from cloche.server import jupyter
+from cloche.server import jupyter, ui
 from cloche.server.events import EventBus
 from cloche.server.http import (
     chat,
@@ -48,6 +48,8 @@ def create_app(
         title="cloche",
         version=__version__,
         summary="Stateful Python sessions, each in its own gVisor sandbox",
+        docs_url=None,  # served by the inspector's module, from the package (no CDN)
+        redoc_url=None,
     )
     app.state.manager = manager
     app.state.broker = None  # the LLM broker (the RLM endpoint), set by the server
@@ -71,6 +73,7 @@ def create_app(
     app.include_router(cluster.router)
     app.include_router(events.router)
     jupyter.mount(app, manager)  # the Jupyter kernel gateway: /api
+    ui.mount(app)  # the inspector (/ui) and the API's docs (/docs)
 
     @app.get("/health", summary="200 while sandboxes can be served, else 503")
     async def health() -> JSONResponse:
