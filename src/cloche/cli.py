@@ -169,6 +169,13 @@ SERVE_OPTIONS = (
         "resumes it); 0 = never",
     ),
     _Option(
+        "--resume-at-start",
+        _flag,
+        _config.resume_at_start,
+        "resume the sessions paused at the last shutdown as the server starts (most recently "
+        "used first, one per core, while there is room); no: each on its next request",
+    ),
+    _Option(
         "--data-dir",
         Path,
         _config.data_dir,
@@ -474,6 +481,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         data_pool_size=max(0, args.data_pool_size),
         pool_max=max(0, args.pool_max),
         data_template=args.data_template,
+        resume_at_start=args.resume_at_start,
         max_sessions=args.max_sessions,
         max_queued_cells=args.max_queued_cells,
         history_cells=args.history_cells,

@@ -117,6 +117,8 @@ class ServerConfig:
     data_template: bool = True
     max_sessions: int = 100
     max_queued_cells: int = 16  # per session, beyond the running one
+    # Sessions paused at shutdown are resumed at the next start, most recently used first.
+    resume_at_start: bool = True
     history_cells: int = 200  # cells each session's history keeps (--history-cells)
     history_output_bytes: int = 64 * 1024  # of stdout and of stderr, per history entry
     # Cells of all sessions run at most this many at once; the rest wait their turn, in the

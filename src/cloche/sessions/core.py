@@ -323,7 +323,9 @@ class LiveSessions(SessionManager):
         pool = self.pools.get(profile)
         return pool.profile.runtime_dir if pool is not None else None
 
-    def _record(self, session: Session, state: RecordState, origin: str = "") -> SessionRecord:
+    def _record(
+        self, session: Session, state: RecordState, origin: str = "", paused_for: str = ""
+    ) -> SessionRecord:
         info = session.info()
         return SessionRecord(
             id=session.id,
@@ -337,6 +339,7 @@ class LiveSessions(SessionManager):
             origin=origin,
             metadata=dict(session.metadata),
             cell_timeout_s=session.cell_timeout_s,
+            paused_for=paused_for,
         )
 
     @property

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("cloche.session")
+# A fork's image is restored at once into its copies, then deleted: uncompressed, it is
+# written and restored faster (benchmarks/bench_durability.py measures both).
+FORK_IMAGE_COMPRESSED = False
 
 
 class DurableSessions(LiveSessions):
@@ -157,9 +160,8 @@ class DurableSessions(LiveSessions):
             home = self.store.session_dir(session.id)
             size = await self._checkpoint(session, home, keeps_running=False)
             await asyncio.to_thread(session.history.save, home)
-            self.store.save(
-                self._record(session, RecordState.PAUSED, self._origin_of(session.profile))
-            )
+            origin = self._origin_of(session.profile)
+            self.store.save(self._record(session, RecordState.PAUSED, origin, reason))
             kernel = session.detach()
             assert kernel is not None
             self._in_background(self._close_kernel(kernel, "paused"))
@@ -365,7 +367,9 @@ class DurableSessions(LiveSessions):
                 )
                 origin = (await asyncio.to_thread(self._session_record, session.id)).origin
             else:
-                size = await self._checkpoint(session, home, keeps_running=True)
+                size = await self._checkpoint(
+                    session, home, keeps_running=True, compressed=FORK_IMAGE_COMPRESSED
+                )
                 self.observer.fork_image_saved(size)
 
         made: list[Session] = []
@@ -413,7 +417,9 @@ class DurableSessions(LiveSessions):
         finally:
             await asyncio.to_thread(self.store.remove, home)
 
-    async def _checkpoint(self, session: Session, home: Path, *, keeps_running: bool) -> int:
+    async def _checkpoint(
+        self, session: Session, home: Path, *, keeps_running: bool, compressed: bool = True
+    ) -> int:
         """Save a running session's image into home (its size). A session with egress has
         its door closed and its connections ended first (gVisor cannot save a socket
         connected to the host); the door opens again if the sandbox runs on."""
@@ -422,7 +428,7 @@ class DurableSessions(LiveSessions):
         if policy is not None:
             await self.doors.shut_for_checkpoint(session)
         try:
-            size = await self.checkpoints.save(session.kernel, home)
+            size = await self.checkpoints.save(session.kernel, home, compressed=compressed)
         except BaseException:
             if policy is not None and session.kernel is not None and session.kernel.alive:
                 await self.doors.open(session, policy)

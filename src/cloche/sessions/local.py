@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import os
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -34,7 +36,7 @@ class LocalSessionManager(MovableSessions):
         await asyncio.to_thread(self.backend.prepare)
         try:
             await asyncio.to_thread(self.store.open)
-            crashed = await asyncio.to_thread(self._load)
+            crashed, resumable = await asyncio.to_thread(self._load)
         except BaseException:
             await asyncio.to_thread(self.backend.shutdown)
             raise
@@ -46,18 +48,24 @@ class LocalSessionManager(MovableSessions):
         for pool in self.pools.values():
             pool.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
+        if self.config.resume_at_start and self.backend.can_checkpoint:
+            self._in_background(self._resume_eagerly(resumable))
         if self.catalog is not None:
             self.catalog.start()
 
-    def _load(self) -> builtins.list[SessionRecord]:
-        """Take over what a previous server left in the data directory (blocking); the
-        sessions that were live when it died."""
+    def _load(self) -> tuple[builtins.list[SessionRecord], builtins.list[Session]]:
+        """Take over what a previous server left in the data directory (blocking): the
+        sessions that were live when it died, and those it paused as it stopped."""
         crashed = []
+        resumable = []
         for snapshot in self.store.snapshot_records():
             self._snapshots[snapshot.id] = snapshot
         for record in self.store.session_records():
             if record.state is RecordState.PAUSED:
-                self._sessions[record.id] = self._paused_session(record)
+                session = self._paused_session(record)
+                self._sessions[record.id] = session
+                if record.paused_for == "shutdown":
+                    resumable.append(session)
                 continue
             if record.state is RecordState.LIVE:  # its server died with it
                 record = replace(record, state=RecordState.LOST)
@@ -76,7 +84,35 @@ class LocalSessionManager(MovableSessions):
             len(self._lost),
             len(self._snapshots),
         )
-        return crashed
+        return crashed, resumable
+
+    async def _resume_eagerly(self, sessions: builtins.list[Session]) -> None:
+        """Bring back the sessions the last server paused as it stopped, most recently used
+        first, a few at a time (one per core), while there is room: their next cell finds
+        them running instead of waiting for a restore."""
+        sessions = sorted(sessions, key=lambda s: s.last_active, reverse=True)
+        limit = asyncio.Semaphore(os.cpu_count() or 1)
+        started = time.perf_counter()
+
+        async def resume(session: Session) -> None:
+            async with limit:
+                if self._stopped or self.live_count >= self.config.max_sessions:
+                    return  # no room: it stays paused, and comes back on its next request
+                if self._sessions.get(session.id) is not session or not session.paused:
+                    return  # closed, moved or woken meanwhile
+                try:
+                    await session.wake()
+                except ClocheError as exc:
+                    log.warning("session %s not resumed at start: %s", session.id, exc)
+
+        await asyncio.gather(*(resume(s) for s in sessions))
+        if sessions:
+            log.info(
+                "resumed at start: %d of %d sessions paused at shutdown in %.1f s",
+                sum(1 for s in sessions if not s.paused),
+                len(sessions),
+                time.perf_counter() - started,
+            )
 
     async def stop(self) -> None:
         """Pause every live session to disk (a few at a time; running cells interrupted

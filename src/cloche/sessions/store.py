@@ -55,6 +55,7 @@ class SessionRecord:
     egress: dict[str, Any] | None = None  # its egress policy, as asked ({policy, allow?})
     metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
     cell_timeout_s: float | None = None  # its cells' default time limit, if its own
+    paused_for: str = ""  # why it was paused (request, idle, room, shutdown, move)
 
 
 @dataclass(frozen=True)
