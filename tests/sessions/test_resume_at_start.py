@@ -55,3 +55,31 @@ def test_sessions_paused_at_shutdown_are_resumed_at_start(
             for index, session in enumerate(live):
                 ran = api.post(f"/v1/sessions/{session}/execute", json={"code": "v"})
                 assert ran.json()["result"]["text/plain"] == str(index), ran.text
+
+
+def test_a_restore_that_fails_to_start_is_tried_again(make_server, monkeypatch) -> None:
+    """The first restore of a fork fails as runsc did once under load; the fork still
+    makes its copy, and says why in the log."""
+    from cloche.errors import SandboxStartError
+    from cloche.sessions.durable import Checkpoints
+
+    server = make_server(pool_size=1)
+    real = Checkpoints._restore_once
+    failures: list[str] = []
+
+    async def flaky(self, home, reseed, limits, runtime):  # type: ignore[no-untyped-def]
+        if not failures:
+            failures.append(str(home))
+            raise SandboxStartError("runsc restore: exit status 128 (injected)")
+        return await real(self, home, reseed, limits, runtime)
+
+    monkeypatch.setattr(Checkpoints, "_restore_once", flaky)
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as api:
+        session = api.post("/v1/sessions").json()["id"]
+        api.post(f"/v1/sessions/{session}/execute", json={"code": "v = 'kept'"})
+        forked = api.post(f"/v1/sessions/{session}/fork", json={"count": 1})
+        assert forked.status_code == 201, forked.text
+        copy = forked.json()["sessions"][0]["id"]
+        ran = api.post(f"/v1/sessions/{copy}/execute", json={"code": "v"})
+        assert ran.json()["result"]["text/plain"] == "'kept'"
+    assert len(failures) == 1

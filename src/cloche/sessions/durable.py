@@ -31,6 +31,7 @@ log = logging.getLogger("cloche.session")
 # Room asked of the data directory's budget before a save: a lean session's image is
 # ~2 MiB compressed; a data session's tens of MiB.
 EXPECTED_IMAGE_BYTES = 8 * 2**20
+RESTORE_TRIES = 2  # a restore that fails to start is tried once more, its cause logged
 
 
 class Checkpoints:
@@ -121,6 +122,21 @@ class Checkpoints:
         if not (home / IMAGE).is_dir() or not (home / WORKDIR_ARCHIVE).is_file():
             raise RestoreRefused(f"the image in {home} is incomplete")
         limits = limits or self.limits
+        for attempt in range(1, RESTORE_TRIES + 1):
+            try:
+                return await self._restore_once(home, reseed, limits, runtime)
+            except SandboxStartError as exc:
+                if attempt == RESTORE_TRIES:
+                    raise RestoreRefused(f"the image could not be restored: {exc}") from exc
+                # Seen once under load (a fork of 10 on two busy cores: runsc's restore
+                # ended "exit status 128"); the same image restored at the next try.
+                log.warning("restore from %s failed (try %d), trying again: %s", home, attempt, exc)
+        raise AssertionError("unreachable")
+
+    async def _restore_once(
+        self, home: Path, reseed: bool, limits: Limits, runtime: Path | None
+    ) -> KernelClient:
+        """One try of `restore`. Raises SandboxStartError."""
         sandbox = self.backend.create(limits)
         if runtime is not None:
             sandbox.use_runtime(runtime)
@@ -130,10 +146,7 @@ class Checkpoints:
         kernel = KernelClient(sandbox, limits, self.max_frame_bytes)
         kernel.reseed = reseed
         started = time.perf_counter()
-        try:
-            await kernel.start()
-        except SandboxStartError as exc:
-            raise RestoreRefused(f"the image could not be restored: {exc}") from exc
+        await kernel.start()
         sandbox.serving()
         log.info("restore sandbox=%s ms=%.1f", sandbox.id, (time.perf_counter() - started) * 1000)
         return kernel
