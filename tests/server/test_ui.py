@@ -25,7 +25,7 @@ expect = playwright_api.expect
 
 pytestmark = pytest.mark.timeout(300)
 CHROMIUM = "/usr/bin/chromium"
-ALPHA, BETA = "alpha-token", "beta-token"
+ALPHA, BETA, ADMIN = "alpha-token", "beta-token", "admin-token"
 WAIT_MS = 90_000  # a busy 2-core machine: a sandbox start, a checkpoint, a poll
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -37,9 +37,14 @@ expect.set_options(timeout=WAIT_MS)
 
 @pytest.fixture(scope="module")
 def guarded(state_root) -> Iterator[ServerThread]:
-    """A server with two tokens: two users."""
+    """A server with two users and an admin."""
     require_gvisor()
-    config = make_config(state_root, tokens=frozenset({ALPHA, BETA}), pool_size=2)
+    config = make_config(
+        state_root,
+        tokens=frozenset({ALPHA, BETA}),
+        admin_tokens=frozenset({ADMIN}),
+        pool_size=2,
+    )
     with ServerThread(config) as running:
         yield running
 
@@ -167,6 +172,40 @@ def test_a_cell_run_from_the_page_shows_its_output(alpha):
     alpha.shot("session")
     assert session_id in alpha.page.url
     assert alpha.csp_violations() == []
+
+
+def test_a_cell_run_elsewhere_appears_on_the_open_page(alpha, base):
+    session_id = alpha.new_session()
+    with api(base, ALPHA) as client:
+        ran = client.post(
+            f"/v1/sessions/{session_id}/execute", json={"code": "print('from the api')"}
+        )
+        assert ran.status_code == 200, ran.text
+    first = cell(alpha, 1)
+    expect(first.locator("pre.out-stdout")).to_have_text("from the api")
+    expect(first.locator(".via")).to_have_text("via http")
+
+
+def test_metadata_labels_a_new_session_and_filters_the_list(alpha):
+    alpha.page.goto("/ui/")
+    alpha.page.locator(".new-session").get_by_label("Metadata").fill("team=red, run=7")
+    alpha.page.get_by_role("button", name="New session").click()
+    expect(alpha.page).to_have_url(re.compile(r"/ui/sessions/[0-9a-f-]{36}"))
+    session_id = alpha.page.url.split("/ui/sessions/")[1].split("?")[0]
+    expect(alpha.page.locator(".facts .meta")).to_have_text(["run=7", "team=red"])
+    alpha.page.locator(".facts .meta", has_text="team=red").click()
+    row = alpha.page.locator(f'tr[data-session="{session_id}"]')
+    expect(row).to_have_count(1)
+    for shown in alpha.page.locator("tr.session").all():
+        expect(shown.locator(".meta", has_text="team=red")).to_have_count(1)
+    alpha.page.locator(".filters").get_by_label("Metadata").fill("team=blue")
+    alpha.page.get_by_role("button", name="Filter").click()
+    expect(alpha.page).to_have_url(re.compile(r"meta=team%3Dblue"))
+    expect(row).to_have_count(0)
+    alpha.page.goto("/ui/?state=paused")
+    expect(alpha.page.locator(f'tr[data-session="{session_id}"]')).to_have_count(0)
+    alpha.page.goto("/ui/?state=idle&metadata.run=7")
+    expect(alpha.page.locator(f'tr[data-session="{session_id}"]')).to_have_count(1)
 
 
 def test_text_output_is_shown_as_text(alpha):
@@ -350,6 +389,50 @@ def test_a_user_sees_only_their_own_sessions(watched, browser, base, tmp_path):
     finally:
         with api(base, ALPHA) as client:
             client.delete(f"/v1/sessions/{theirs}")
+
+
+def test_the_event_tail_shows_the_callers_events_as_they_happen(alpha, base):
+    alpha.page.goto("/ui/events")
+    tail = alpha.page.locator("#event-tail")
+    with api(base, ALPHA) as mine, api(base, BETA) as theirs:
+        other = theirs.post("/v1/sessions").json()["id"]
+        created = mine.post("/v1/sessions").json()["id"]
+        row = tail.locator("tr.event", has=alpha.page.locator(f'a[href="/ui/sessions/{created}"]'))
+        expect(row.filter(has_text="session.created")).to_have_count(1)
+        alpha.shot("events")
+        assert tail.locator(f'a[href="/ui/sessions/{other}"]').count() == 0
+        mine.delete(f"/v1/sessions/{created}")
+        expect(row.filter(has_text="session.closed")).to_have_count(1)
+        theirs.delete(f"/v1/sessions/{other}")
+    assert tail.locator(f'a[href="/ui/sessions/{other}"]').count() == 0
+    assert alpha.csp_violations() == []
+
+
+def test_an_admin_lists_every_tenants_sessions_but_opens_only_its_own(watched, base):
+    with api(base, ALPHA) as client:
+        theirs = client.post("/v1/sessions").json()["id"]
+    try:
+        watched.sign_in(ADMIN)
+        watched.page.goto("/ui/")
+        assert watched.page.locator(f'tr[data-session="{theirs}"]').count() == 0
+        watched.page.get_by_label("every tenant's").check()
+        watched.page.get_by_role("button", name="Filter").click()
+        row = watched.page.locator(f'tr[data-session="{theirs}"]')
+        expect(row).to_have_count(1)
+        assert row.locator("a").count() == 0  # the API's GET of it is its owner's too
+        response = watched.page.goto(f"/ui/sessions/{theirs}")
+        assert response is not None and response.status == 404
+    finally:
+        with api(base, ALPHA) as client:
+            client.delete(f"/v1/sessions/{theirs}")
+
+
+def test_a_user_gets_no_every_tenant_view_and_no_cluster(alpha):
+    alpha.page.goto("/ui/?all=1")
+    assert alpha.page.get_by_label("every tenant's").count() == 0
+    assert alpha.page.locator("nav").get_by_text("Cluster").count() == 0
+    response = alpha.page.goto("/ui/cluster")
+    assert response is not None and response.status == 404  # and not a cluster here anyway
 
 
 PAGES = ["/ui/", "/ui/snapshots", "/ui/profiles", "/ui/events"]

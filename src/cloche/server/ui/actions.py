@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import RedirectResponse, Response
 
 from cloche.errors import ForkRefused, NodeNotFound, Unauthorized
-from cloche.server.ui.pages import NO_CLUSTER, cells_of, history_context, manager_of
+from cloche.server.ui.pages import NO_CLUSTER, cells_of, history_context, manager_of, pairs
 from cloche.server.ui.render import is_htmx, page
 from cloche.server.ui.signin import (
     COOKIE,
@@ -118,7 +118,10 @@ async def logout(request: Request, _: Change = Depends(change)) -> Response:  # 
 @router.post("/sessions", include_in_schema=False)
 async def create(request: Request, posted: Change = Depends(change)) -> Response:  # noqa: B008
     profile = posted.form.get("profile") or "lean"
-    info = await manager_of(request).create(posted.visitor.owner, profile=profile)
+    metadata = pairs(posted.form.get("metadata", ""))
+    info = await manager_of(request).create(
+        posted.visitor.owner, profile=profile, metadata=metadata
+    )
     return see_other(f"/sessions/{info.id}", done="created")
 
 

@@ -1,7 +1,8 @@
 """Cells run from the inspector, and a session's history as its page shows it.
 
 A cell run from the page runs in a task of its own, so the page answers at once and can
-interrupt it; while it runs, its output so far is kept here and shown after the history.
+interrupt it; while it runs, its output so far is kept here and shown after the session's
+history (the manager's, which has it once it ended).
 """
 
 from __future__ import annotations
@@ -9,18 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from cloche.errors import ClocheError
 from cloche.server.ui.outputs import CellView, cell_view
 from cloche.sessions.manager import SessionManager
-from cloche.sessions.result import CellResult
 
 log = logging.getLogger("cloche.ui")
-KEPT_CELLS = 200  # per session, of cells run from the page, until the manager keeps history
-KEPT_SESSIONS = 1_000
+FRONT_END = "ui"  # what the history says the inspector's cells came from
 
 
 @dataclass
@@ -58,7 +56,6 @@ class Cells:
     def __init__(self, background: set[asyncio.Task[Any]]) -> None:
         self._background = background  # the HTTP front end waits for these when it stops
         self._running: dict[str, list[Running]] = {}
-        self._ended: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
 
     def run(
         self,
@@ -75,27 +72,25 @@ class Cells:
 
         async def execute() -> ClocheError | None:
             try:
-                result = await manager.execute(
+                await manager.execute(
                     session_id,
                     code,
                     owner=owner,
                     timeout_s=timeout_s,
                     on_event=running.on_event,
                     track_files=True,
+                    front_end=FRONT_END,
                 )
             except ClocheError as exc:  # refused (busy, gone): the page says so, if it waits
                 log.info("a cell from the inspector was refused: %s", exc)
                 return exc
-            else:
-                if not hasattr(manager, "history"):
-                    self._keep(session_id, _entry(running, result))
-                return None
             finally:
                 cells = self._running.get(session_id, [])
                 if running in cells:
                     cells.remove(running)
                 if not cells:
                     self._running.pop(session_id, None)
+            return None
 
         task = asyncio.create_task(execute(), name=f"cloche-ui-cell-{session_id}")
         self._background.add(task)
@@ -117,41 +112,7 @@ class Cells:
         Raises:
             SessionNotFound: unknown id, or another owner's session.
         """
-        recorded = getattr(manager, "history", None)
-        if recorded is not None:
-            entries = [e.to_json() for e in await recorded(session_id, owner, after=0, limit=None)]
-        else:
-            await manager.info(session_id, owner)
-            entries = list(self._ended.get(session_id, ()))
-        views = [cell_view(entry) for entry in entries]
+        entries = await manager.history(session_id, owner, after=0, limit=None)
+        views = [cell_view(entry.to_json()) for entry in entries]
         views.extend(cell_view(r.entry(), running=True) for r in self.running(session_id))
         return views
-
-    def _keep(self, session_id: str, entry: dict[str, Any]) -> None:
-        cells = self._ended.setdefault(session_id, [])
-        self._ended.move_to_end(session_id)
-        cells.append(entry)
-        del cells[:-KEPT_CELLS]
-        while len(self._ended) > KEPT_SESSIONS:
-            self._ended.popitem(last=False)
-
-
-def _entry(running: Running, result: CellResult) -> dict[str, Any]:
-    """A cell the page ran, in the shape of the manager's history entries."""
-    return {
-        "execution_count": result.execution_count,
-        "code": running.code,
-        "status": result.status.value,
-        "end_reason": None,
-        "started_at": running.started_at,
-        "ended_at": time.time(),
-        "duration_s": result.duration_ms / 1000,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-        "result": result.result["data"] if result.result else None,
-        "displays": result.displays,
-        "error": result.error,
-        "message": result.message,
-        "files_changed": result.files,
-        "front_end": "ui",
-    }

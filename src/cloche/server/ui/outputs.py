@@ -35,6 +35,7 @@ class Output:
 class CellView:
     """One cell of a session's history."""
 
+    number: int | None  # its place in the session's life (the history's), if kept
     execution_count: int
     code: str
     status: str
@@ -66,7 +67,9 @@ def cell_view(entry: dict[str, Any], *, running: bool = False) -> CellView:
         outputs.append(Output("note", str(entry["message"])))
     duration = entry.get("duration_s")
     started = entry.get("started_at")
+    number = entry.get("number")
     return CellView(
+        number=number if isinstance(number, int) else None,
         execution_count=int(entry.get("execution_count") or 0),
         code=str(entry.get("code", "")),
         status=str(entry.get("status", "")),

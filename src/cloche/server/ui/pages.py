@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from cloche.errors import SessionLost, SessionNotFound
+from cloche.server.tenants import Tenants
 from cloche.server.ui.cells import Cells
 from cloche.server.ui.render import page
 from cloche.server.ui.signin import Visitor, may_see_cluster, visitor
@@ -33,77 +34,84 @@ def cells_of(request: Request) -> Cells:
     return cells
 
 
-def metadata_of(info: SessionInfo) -> dict[str, str]:
-    metadata: dict[str, str] = getattr(info, "metadata", None) or {}
-    return metadata
-
-
-def usage_of(info: SessionInfo) -> dict[str, float | None]:
-    """CPU seconds and memory bytes of a session, where the manager tells them."""
-    return {
-        "cpu_s": getattr(info, "cpu_s", None),
-        "memory_bytes": getattr(info, "memory_bytes", None),
-    }
+def pairs(text: str) -> dict[str, str]:
+    """`key=value, key=value` as a form's field writes metadata."""
+    found: dict[str, str] = {}
+    for pair in text.split(","):
+        key, equals, value = pair.strip().partition("=")
+        if key.strip() and equals:
+            found[key.strip()] = value.strip()
+    return found
 
 
 def wanted_metadata(request: Request) -> dict[str, str]:
-    """Metadata filters: `metadata.KEY=VALUE` parameters, and the form's `meta=KEY=VALUE`."""
+    """Metadata filters: `metadata.KEY=VALUE` parameters (as the API's), and the form's
+    `meta=KEY=VALUE, ...`."""
     wanted: dict[str, str] = {}
     for key, value in request.query_params.multi_items():
         if key.startswith("metadata.") and len(key) > len("metadata."):
             wanted[key.removeprefix("metadata.")] = value
         elif key == "meta":
-            for pair in value.split(","):
-                name, equals, wanted_value = pair.strip().partition("=")
-                if name and equals:
-                    wanted[name.strip()] = wanted_value.strip()
+            wanted.update(pairs(value))
     return wanted
 
 
 async def profile_names(manager: SessionManager) -> list[str]:
+    """The profiles a session can be made of now, `lean` (the default) first."""
     describe = getattr(manager, "profiles", None)
     rows: list[dict[str, Any]] = await asyncio.to_thread(describe) if describe else []
-    return [str(row["name"]) for row in rows if row.get("state") == "ready"] or ["lean"]
+    ready = {str(row["name"]) for row in rows if row.get("state") == "ready"}
+    return ["lean", *sorted(ready - {"lean"})]
+
+
+def tenant_of(request: Request, info: SessionInfo) -> str | None:
+    """The name of the tenant a session belongs to (an admin's view of everyone's)."""
+    tenants: Tenants = request.app.state.api.state.tenants
+    tenant = tenants.by_owner_key(info.owner_key)
+    return tenant.name if tenant is not None else None
 
 
 @router.get("/", include_in_schema=False)
 async def sessions(request: Request, who: Visitor = Depends(visitor)) -> Response:  # noqa: B008
     manager = manager_of(request)
-    infos = await manager.sessions(who.owner)
     state = request.query_params.get("state", "")
     profile = request.query_params.get("profile", "")
     metadata = wanted_metadata(request)
-    shown = [
-        info
-        for info in infos
-        if (not state or info.state.value == state)
-        and (not profile or info.profile == profile)
-        and all(metadata_of(info).get(k) == v for k, v in metadata.items())
-    ]
-    shown.sort(key=lambda info: info.created_at, reverse=True)
+    everyone = request.query_params.get("all") == "1" and who.caller.sees_all
+    infos = await manager.sessions(
+        who.owner,
+        every=everyone,
+        state=state or None,
+        profile=profile or None,
+        metadata=metadata,
+    )
+    infos.sort(key=lambda info: info.created_at, reverse=True)
+    mine = who.caller.owner_key
     return page(
         request,
         "sessions.html",
         who,
         title="Sessions",
-        rows=[(info, metadata_of(info), usage_of(info)) for info in shown],
-        total=len(infos),
-        states=[s.value for s in SessionState if s is not SessionState.CLOSED],
-        profiles=sorted({info.profile for info in infos} | set(await profile_names(manager))),
+        rows=[(info, info.owner_key == mine, tenant_of(request, info)) for info in infos],
+        states=[
+            s.value for s in SessionState if s not in (SessionState.CLOSING, SessionState.CLOSED)
+        ],
+        profiles=await profile_names(manager),
         state=state,
         profile=profile,
         meta=", ".join(f"{k}={v}" for k, v in metadata.items()),
+        everyone=everyone,
+        may_see_everyone=who.caller.sees_all and who.caller.tenant is not None,
         copies=set(request.query_params.getlist("copy")),
-        show_usage=any(v is not None for info in shown for v in usage_of(info).values()),
-        show_end=any(getattr(info, "end_reason", None) for info in shown),
     )
 
 
 def history_version(info: SessionInfo, cells: Cells) -> str:
     """Changes whenever the session's history may have: the page polls with it."""
+    last = (info.last_cell or {}).get("number")
     seen = (
         f"{info.state.value}/{info.execution_count}/{info.queued_cells}/{info.last_active}/"
-        f"{cells.version(info.id)}"
+        f"{last}/{cells.version(info.id)}"
     )
     return hashlib.sha256(seen.encode()).hexdigest()[:16]
 
@@ -130,9 +138,6 @@ async def session(
         "session.html",
         who,
         title=f"Session {info.id}",
-        metadata=metadata_of(info),
-        usage=usage_of(info),
-        end_reason=getattr(info, "end_reason", None),
         **await history_context(request, info, who),
     )
 

@@ -146,6 +146,7 @@ def visitor(request: Request) -> Visitor:
     except Unauthorized:
         sign_ins.remove(sign_in_id)
         raise SignInNeeded from None
+    request.state.caller = caller  # where the API's checks look for it, as its own leave it
     return Visitor(caller, sign_in.csrf)
 
 
