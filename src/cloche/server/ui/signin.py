@@ -130,8 +130,8 @@ class SignIns:
 
 
 def visitor(request: Request) -> Visitor:
-    """The signed-in visitor; the token is checked again on each request (a token taken
-    away ends its sign-ins, a changed role shows at once).
+    """The signed-in visitor; the token is checked again on each request, as the API
+    checks every request's.
 
     Raises:
         SignInNeeded: no cookie, an unknown or expired one, or a token no longer valid.
