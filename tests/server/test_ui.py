@@ -283,7 +283,9 @@ def test_a_plot_shows_as_an_image(alpha):
 
 def test_a_spinning_cell_is_interrupted_from_the_page(alpha):
     alpha.new_session()
-    alpha.run("while True:\n    pass")
+    alpha.run("print('spinning', flush=True)\nwhile True:\n    pass")
+    running = alpha.page.locator("#history article.status-running")
+    expect(running.locator("pre.out-stdout")).to_have_text("spinning")  # it is in the loop
     expect(alpha.page.locator("#history .state")).to_have_text("busy")
     alpha.page.get_by_role("button", name="Interrupt").click()
     expect(alpha.page.get_by_text("The running cell was interrupted.")).to_be_visible()
