@@ -516,3 +516,22 @@ def test_the_docs_render_offline(watched, base):
     expect(watched.page.locator(".opblock").first).to_be_visible()
     watched.shot("docs")
     assert blocked == []
+
+
+def test_without_tokens_the_inspector_is_open_but_changes_still_need_the_csrf_token(server):
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as client:
+        listed = client.get("/ui/", follow_redirects=True)
+        assert listed.status_code == 200
+        assert [r.headers["location"] for r in listed.history] == [
+            "/ui/login?next=%2Fui%2F",
+            "/ui/",
+        ]
+        assert "cloche_ui" in client.cookies
+        found = re.search(r'<meta name="csrf-token" content="([^"]+)">', listed.text)
+        assert found is not None
+        assert client.post("/ui/sessions", data={"profile": "lean"}).status_code == 403
+        made = client.post("/ui/sessions", data={"profile": "lean", "csrf_token": found[1]})
+        assert made.status_code == 303
+        session_id = made.headers["location"].split("/ui/sessions/")[1].split("?")[0]
+        assert client.get(f"/v1/sessions/{session_id}").status_code == 200  # no token needed
+        client.delete(f"/v1/sessions/{session_id}")
