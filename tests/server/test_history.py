@@ -103,7 +103,9 @@ def test_another_owner_or_an_unknown_session_has_no_history(make_server):
         assert alice.get("/v1/sessions/nope/cells").status_code == 404
 
 
-def test_history_metadata_and_cell_timeout_survive_pause_snapshot_fork_and_a_restart(state_root, tmp_path):
+def test_history_metadata_and_cell_timeout_survive_pause_snapshot_fork_and_a_restart(
+    state_root, tmp_path
+):
     require_gvisor()
     config = make_config(state_root, pool_size=1, data_dir=tmp_path / "data")
     with ServerThread(config) as first:
@@ -297,3 +299,17 @@ def test_a_session_closed_by_its_idle_timeout_ends_as_idle_timeout(make_server):
             pass  # the reaper closes it within a few of its periods
         assert metric(api, "cloche_session_ends_total", end_reason="idle_timeout") == before + 1
         assert metric(api, "cloche_session_ends_total", end_reason="closed") == 0
+
+
+def test_a_listing_shows_what_each_sandbox_has_used(http):
+    session = new_session(http)
+    run(
+        http,
+        session,
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nblock = bytearray(64 * 1024**2)\nfor i in range(0, len(block), 4096): block[i] = 1",
+    )
+    listed = {s["id"]: s for s in http.get("/v1/sessions").json()["sessions"]}[session]
+    assert listed["cpu_s"] >= 0.3, listed
+    assert listed["memory_bytes"] >= 64 * 1024**2, listed
+    alone = http.get(f"/v1/sessions/{session}").json()  # not read for one session's look
+    assert alone["cpu_s"] is None and alone["memory_bytes"] is None

@@ -128,6 +128,10 @@ class Sandbox(abc.ABC):
         """CPU time the sandbox has used so far; None when the backend can't tell."""
         return None
 
+    def memory_bytes(self) -> int | None:
+        """Memory the sandbox holds now; None when the backend can't tell."""
+        return None
+
     def oom_killed(self) -> bool:
         """Whether the memory cgroup's OOM killer has killed a process of the sandbox (read
         before it is removed); False when the backend can't tell (blocking)."""

@@ -229,6 +229,19 @@ def cpu_usage_s(relative: str) -> float | None:
 
 
 @functools.cache
+def memory_bytes(relative: str) -> int | None:
+    """Memory a cgroup's processes hold now, in bytes (v1 memory.usage_in_bytes, or v2
+    memory.current); None if the machine doesn't account it."""
+    for path in (
+        CGROUP_ROOT / "memory" / relative.strip("/") / "memory.usage_in_bytes",
+        CGROUP_ROOT / relative.strip("/") / "memory.current",
+    ):
+        text = _read(path).strip()
+        if text.isdigit():
+            return int(text)
+    return None
+
+
 def _usage_file() -> tuple[Path, str] | None:
     """The hierarchy root that counts CPU usage and the file that has it in each cgroup
     (looked up once: the mounts don't change under a server)."""

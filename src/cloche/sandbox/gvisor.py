@@ -354,6 +354,9 @@ class GVisorSandbox(Sandbox):
         behind = cgroups.cpu_usage_s(self._behind) if self._ever_moved else None
         return used if behind is None or used is None else used + behind
 
+    def memory_bytes(self) -> int | None:
+        return cgroups.memory_bytes(self._cgroup) if self.backend.cgroups else None
+
     def oom_killed(self) -> bool:
         return self.backend.cgroups and cgroups.oom_killed(self._cgroup)
 

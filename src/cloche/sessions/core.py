@@ -421,7 +421,9 @@ class LiveSessions(SessionManager):
         """`sessions`, for code on the server's own loop (and tests)."""
         key = owner_key(owner)
         return [
-            s.info() for s in self._sessions.values() if (every or s.owner_key == key) and s.usable
+            s.info(usage=True)
+            for s in self._sessions.values()
+            if (every or s.owner_key == key) and s.usable
         ]
 
     async def execute(

@@ -94,6 +94,9 @@ class SessionInfo:
     egress: dict[str, Any] | None = None  # the policy it was given ({policy, allow?}), if any
     metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
     cell_timeout_s: float | None = None  # its cells' default time limit, if it has its own
+    # What its sandbox has used, when asked for (listings): CPU time, s; memory now, bytes.
+    cpu_s: float | None = None
+    memory_bytes: int | None = None
     last_cell: dict[str, Any] | None = None  # {number, end_reason, ended_at} of its last cell
 
 
@@ -162,7 +165,10 @@ class Session:
         self.state = SessionState.PAUSED
         return kernel
 
-    def info(self) -> SessionInfo:
+    def info(self, usage: bool = False) -> SessionInfo:
+        """What can be told of it; with usage, what its sandbox has used too (two reads of
+        its cgroup: for listings, not for every cell)."""
+        sandbox = self.kernel.sandbox if usage and self.kernel is not None else None
         return SessionInfo(
             id=self.id,
             owner_key=self.owner_key,
@@ -176,6 +182,8 @@ class Session:
             metadata=dict(self.metadata),
             cell_timeout_s=self.cell_timeout_s,
             last_cell=_last_cell(self.history),
+            cpu_s=sandbox.cpu_seconds() if sandbox is not None else None,
+            memory_bytes=sandbox.memory_bytes() if sandbox is not None else None,
         )
 
     @property

@@ -159,6 +159,12 @@ class SessionOut(BaseModel):
     )
     metadata: dict[str, str] = Field(default_factory=dict, description="Its labels")
     last_cell: LastCell | None = Field(default=None, description="Its last cell, if any")
+    cpu_s: float | None = Field(
+        default=None, description="CPU time its sandbox has used, s (in listings)"
+    )
+    memory_bytes: int | None = Field(
+        default=None, description="Memory its sandbox holds now (in listings)"
+    )
     limits: SessionLimits
 
 

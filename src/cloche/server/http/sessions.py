@@ -67,6 +67,8 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
         "egress": info.egress,
         "metadata": info.metadata,
         "last_cell": info.last_cell,
+        "cpu_s": info.cpu_s,
+        "memory_bytes": info.memory_bytes,
         "limits": {
             "cell_timeout_s": timeout_s,
             "memory_mib": limits.memory_mib,
