@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cloche.certs import CA
 from cloche.egress.policy import EgressConfig, Policy
 from cloche.egress.proxy import Door, Record
 from cloche.egress.secrets import Secrets, Substitution
-from cloche.egress.tls import CA, Interceptor
+from cloche.egress.tls import Interceptor
 from cloche.errors import EgressConfigError
 
 log = logging.getLogger("cloche.egress")
