@@ -491,7 +491,9 @@ def test_the_docs_reference_only_their_own_server(base):
         assert docs.status_code == 200
         links = _Links()
         links.feed(docs.text)
-        assert len(links.urls) == 3  # script, stylesheet, icon
+        assert len(links.urls) == 4  # two scripts, stylesheet, icon
+        assert "<script>" not in docs.text  # no inline script: its CSP allows none
+        assert "script-src 'self';" in docs.headers["content-security-policy"]
         for url in links.urls:
             absolute = urljoin(f"{base}/docs", url)
             assert absolute.startswith(f"{base}/"), url
@@ -516,6 +518,7 @@ def test_the_docs_render_offline(watched, base):
     expect(watched.page.locator(".opblock").first).to_be_visible()
     watched.shot("docs")
     assert blocked == []
+    assert watched.csp_violations() == []
 
 
 def test_without_tokens_the_inspector_is_open_but_changes_still_need_the_csrf_token(server):
