@@ -329,3 +329,96 @@ def test_sessions_snapshot_fork_pause_resume_and_snapshots(url, environment, api
     assert cloche("snapshots", "--json", *connect(url), env=environment).stdout.strip() == "[]"
     closed = cloche("sessions", "close", session_id, *copies, *connect(url), env=environment)
     assert closed.returncode == 0, closed.stderr
+
+
+def test_sessions_create_label_list_by_metadata_and_history(url, environment):
+    made = cloche(
+        "sessions", "create", "--metadata", "agent=planner", "--metadata", "run=42",
+        *connect(url), env=environment,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    planner = made.stdout.strip()
+    other = cloche(
+        "sessions", "create", "--metadata", "run=43", "--json", *connect(url), env=environment
+    )
+    assert other.returncode == 0, other.stderr
+    described = json.loads(other.stdout)
+    coder = described["id"]
+    assert described["metadata"] == {"run": "43"}
+    try:
+        listed = cloche("sessions", "list", "--filter", "run=42", *connect(url), env=environment)
+        assert listed.returncode == 0, listed.stderr
+        assert planner in listed.stdout and coder not in listed.stdout
+        assert re.search(rf"^{planner} .* agent=planner,run=42$", listed.stdout, re.M), (
+            listed.stdout
+        )
+
+        labelled = cloche(
+            "sessions", "label", coder, "run=42", "agent=coder", *connect(url), env=environment
+        )
+        assert (labelled.returncode, labelled.stdout) == (0, "run=42\nagent=coder\n"), (
+            labelled.stderr
+        )
+
+        def ids(*filters: str) -> set[str]:
+            done = cloche("sessions", "--json", *filters, *connect(url), env=environment)
+            assert done.returncode == 0, done.stderr
+            return {info["id"] for info in json.loads(done.stdout)}
+
+        assert ids("--filter", "run=42") == {planner, coder}
+        assert ids("--filter", "run=42", "--filter", "agent=coder") == {coder}
+        assert ids("--state", "idle", "--profile", "lean") == {planner, coder}
+        assert ids("--state", "paused") == set()
+        deleted = cloche("sessions", "label", coder, "agent=", *connect(url), env=environment)
+        assert (deleted.returncode, deleted.stdout) == (0, "run=42\n"), deleted.stderr
+        assert ids("--filter", "agent=coder") == set()
+        shown = cloche("sessions", "show", planner, *connect(url), env=environment)
+        assert "metadata   agent=planner" in shown.stdout and "metadata   run=42" in shown.stdout
+
+        ran = cloche(
+            "run", "-", "--session", planner, *connect(url), env=environment,
+            stdin="print('hello')\nprint('again')\n6 * 7",
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        failed = cloche(
+            "run", "-", "--session", planner, *connect(url), env=environment, stdin="1 / 0"
+        )
+        assert failed.returncode == 1
+        history = cloche("sessions", "history", planner, *connect(url), env=environment)
+        assert history.returncode == 0, history.stderr
+        lines = history.stdout.splitlines()
+        assert lines[0].split() == ["CELL", "ENDED", "TIME", "FROM", "CODE"]
+        assert re.fullmatch(
+            r"\s+1  ok\s+\d+ ms  http\s+print\('hello'\) \.\.\. \(\+2 lines\)", lines[1]
+        )
+        assert lines[2:4] == ["       stdout: hello ... (+1 line)", "       result: 42"]
+        assert re.fullmatch(r"\s+2  error\s+\d+ ms  http\s+1 / 0", lines[4])
+        assert lines[5:] == ["       error: ZeroDivisionError: division by zero"]
+
+        second = cloche(
+            "sessions", "history", planner, "--after", "1", "--json", *connect(url), env=environment
+        )
+        (cell,) = json.loads(second.stdout)
+        assert (cell["number"], cell["code"], cell["end_reason"]) == (2, "1 / 0", "error")
+        assert cell["error"]["ename"] == "ZeroDivisionError" and cell["front_end"] == "http"
+        first = cloche(
+            "sessions", "history", planner, "--limit", "1", "--json", *connect(url), env=environment
+        )
+        assert [c["result"] for c in json.loads(first.stdout)] == [{"text/plain": "42"}]
+        empty = cloche("sessions", "history", coder, *connect(url), env=environment)
+        assert (empty.returncode, empty.stdout) == (0, "no cells\n")
+    finally:
+        closed = cloche("sessions", "close", planner, coder, *connect(url), env=environment)
+        assert closed.returncode == 0, closed.stderr
+    gone = cloche("sessions", "history", planner, *connect(url), env=environment)
+    assert gone.returncode == 2
+    assert gone.stderr == f"cloche sessions history: Session {planner} not found\n"
+    bad = cloche("sessions", "label", planner, "no-equals", *connect(url), env=environment)
+    assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
+
+
+def test_bad_metadata_is_refused_with_the_servers_reason(url, environment):
+    pairs = [arg for i in range(33) for arg in ("--metadata", f"k{i}=v")]
+    refused = cloche("sessions", "create", *pairs, *connect(url), env=environment)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("cloche sessions create: metadata has 33 pairs")

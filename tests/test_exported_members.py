@@ -9,6 +9,8 @@ import cloche
 EXPECTED = [
     "AsyncClient",
     "AsyncSession",
+    "Cell",
+    "CellNotFound",
     "CheckpointFailed",
     "Client",
     "ClientError",
@@ -18,6 +20,7 @@ EXPECTED = [
     "ExecutionError",
     "FileInfo",
     "Forbidden",
+    "InvalidMetadata",
     "InvalidRequest",
     "LLMBudgetExceeded",
     "LLMError",

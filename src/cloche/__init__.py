@@ -25,15 +25,17 @@ from cloche.client.aio import (  # noqa: E402
     SessionInfo,
     SnapshotInfo,
 )
-from cloche.client.execution import Execution, ExecutionError, Logs, Result  # noqa: E402
+from cloche.client.execution import Cell, Execution, ExecutionError, Logs, Result  # noqa: E402
 from cloche.client.sync import Client, Session, run  # noqa: E402
 from cloche.client.tool import tool_schema  # noqa: E402
 from cloche.errors import (  # noqa: E402
+    CellNotFound,
     CheckpointFailed,
     ClientError,
     ClocheError,
     EgressRefused,
     Forbidden,
+    InvalidMetadata,
     InvalidRequest,
     LLMBudgetExceeded,
     LLMError,
@@ -61,6 +63,8 @@ from cloche.errors import (  # noqa: E402
 __all__ = [
     "AsyncClient",
     "AsyncSession",
+    "Cell",
+    "CellNotFound",
     "CheckpointFailed",
     "Client",
     "ClientError",
@@ -70,6 +74,7 @@ __all__ = [
     "ExecutionError",
     "FileInfo",
     "Forbidden",
+    "InvalidMetadata",
     "InvalidRequest",
     "LLMBudgetExceeded",
     "LLMError",

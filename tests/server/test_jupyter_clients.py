@@ -247,6 +247,67 @@ def test_nbclient_through_gateway_kernel_manager_matches_a_local_ipykernel(
     wait_for(lambda: session_ids(cloche) <= before, "the notebook's session to close")
 
 
+async def test_history_requests_of_jupyter_client_are_answered_from_the_sessions_history(
+    gateway, gateway_client_config, cloche
+):
+    manager = TokenGatewayKernelManager()
+    await manager.start_kernel()
+    client = manager.client()
+    await client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=RECV_TIMEOUT_S)
+        for code in ("print('hello')", "6 * 7", "import math", "6 * 7"):
+            reply = await client.execute(code, reply=True, timeout=RECV_TIMEOUT_S)
+            assert reply["content"]["status"] == "ok", reply["content"]
+        # a cell sent another way is in the session's history too
+        sent = cloche.post(
+            f"/v1/sessions/{manager.kernel_id}/execute", json={"code": "print('over http')"}
+        )
+        assert sent.status_code == 200, sent.text
+
+        async def history(**request: Any) -> list[Any]:
+            reply = await client.history(**request, reply=True, timeout=RECV_TIMEOUT_S)
+            assert reply["msg_type"] == "history_reply"
+            assert reply["content"]["status"] == "ok", reply["content"]
+            found: list[Any] = reply["content"]["history"]
+            return found
+
+        assert await history(hist_access_type="tail", n=2) == [
+            [0, 4, "6 * 7"],
+            [0, 5, "print('over http')"],
+        ]
+        assert await history(hist_access_type="tail", n=3, output=True) == [
+            [0, 3, ["import math", None]],
+            [0, 4, ["6 * 7", "42"]],
+            [0, 5, ["print('over http')", "over http\n"]],
+        ]
+        everything = await history()  # jupyter_client's default: range, session 0, from 0
+        assert [line for _, line, _ in everything] == [1, 2, 3, 4, 5]
+        assert await history(hist_access_type="range", session=0, start=2, stop=4) == [
+            [0, 2, "6 * 7"],
+            [0, 3, "import math"],
+        ]
+        assert await history(hist_access_type="range", start=-2, output=True) == [
+            [0, 4, ["6 * 7", "42"]],
+            [0, 5, ["print('over http')", "over http\n"]],
+        ]
+        assert await history(hist_access_type="range", session=-1) == []  # no earlier one
+        assert await history(hist_access_type="search", pattern="print(*") == [
+            [0, 1, "print('hello')"],
+            [0, 5, "print('over http')"],
+        ]
+        assert await history(hist_access_type="search", pattern="6 *", unique=True) == [
+            [0, 4, "6 * 7"],
+        ]
+        assert await history(hist_access_type="search", pattern="*", n=1, output=True) == [
+            [0, 5, ["print('over http')", "over http\n"]],
+        ]
+        assert await history(hist_access_type="search", pattern="PRINT*") == []
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel()
+
+
 # --- 2. jupyter server --gateway-url=<cloche> ----------------------------------------------
 
 

@@ -34,6 +34,7 @@ TOOLS = {
     "download_file",
     "snapshot_session",
     "fork_session",
+    "session_history",
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOT = (
@@ -210,6 +211,76 @@ async def test_a_session_is_snapshotted_restored_and_forked_by_tools(url, api):
         for sid in (original, copy, *copies):
             await client.call_tool("close_session", {"session_id": sid})
         api.call(api.server.manager.delete_snapshot(snapshot, TOKEN))
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_sessions_are_made_with_metadata_and_listed_by_it(url, transport):
+    async with CONNECTIONS[transport](url) as client:
+        made = await client.call_tool(
+            "create_session", {"metadata": {"agent": "planner", "run": "42"}}
+        )
+        assert not made.is_error, text_of(made)
+        assert made.structured_content["metadata"] == {"agent": "planner", "run": "42"}
+        planner = made.structured_content["session_id"]
+        other = await client.call_tool("create_session", {"metadata": {"run": "43"}})
+        coder = other.structured_content["session_id"]
+
+        async def listed(**filters: Any) -> dict[str, Any]:
+            answer = await client.call_tool("list_sessions", filters)
+            assert not answer.is_error, text_of(answer)
+            return {row["session_id"]: row for row in answer.structured_content["sessions"]}
+
+        found = await client.call_tool("list_sessions", {"metadata": {"run": "42"}})
+        assert [row["session_id"] for row in found.structured_content["sessions"]] == [planner]
+        assert found.structured_content["sessions"][0]["metadata"] == {
+            "agent": "planner",
+            "run": "42",
+        }
+        assert text_of(found).startswith(f"{planner}  lean  idle     cells=0 agent=planner run=42")
+        assert set(await listed()) == {planner, coder}
+        assert set(await listed(state="idle", profile="lean", metadata={"run": "43"})) == {coder}
+        assert await listed(state="paused") == {}
+        refused = await client.call_tool("create_session", {"metadata": {"": "empty key"}})
+        assert refused.is_error and "InvalidMetadata" in text_of(refused)
+        for session_id in (planner, coder):
+            await client.call_tool("close_session", {"session_id": session_id})
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_sessions_history_is_read_back_with_its_outputs(url, transport):
+    async with CONNECTIONS[transport](url) as client:
+        created = await client.call_tool("create_session", {})
+        session_id = created.structured_content["session_id"]
+        await run(client, "print('hello')\n6 * 7", session_id=session_id)
+        await run(client, "1 / 0", session_id=session_id)
+        for number in range(3):
+            await run(client, f"x{number} = {number}", session_id=session_id)
+
+        async def history(**arguments: Any) -> CallToolResult:
+            answer = await client.call_tool("session_history", arguments)
+            assert not answer.is_error, text_of(answer)
+            return answer
+
+        last = await history(session_id=session_id, limit=2)  # without after: the last ones
+        assert [c["code"] for c in last.structured_content["cells"]] == ["x1 = 1", "x2 = 2"]
+        first = await history(session_id=session_id, after=0, limit=2)
+        hello, error = first.structured_content["cells"]
+        assert (hello["number"], hello["stdout"], hello["result"]) == (1, "hello\n", "42")
+        # (`cloche mcp` sends its cells through the HTTP API; /mcp straight to the manager)
+        front_end = "http" if transport == "stdio" else "mcp"
+        assert (hello["end_reason"], hello["front_end"]) == ("ok", front_end)
+        assert (error["end_reason"], error["error"]["ename"]) == ("error", "ZeroDivisionError")
+        text = text_of(first)
+        assert text.startswith("[cell 1, ok, ") and "code:\nprint('hello')\n6 * 7\n" in text
+        assert "[cell 2, error, " in text and "ZeroDivisionError: division by zero" in text
+        assert "x0 = 0" not in text
+        # this connection's own session, when none is named
+        await run(client, "mine = 1")
+        own = await history()
+        assert [c["code"] for c in own.structured_content["cells"]] == ["mine = 1"]
+        missing = await client.call_tool("session_history", {"session_id": "nope"})
+        assert missing.is_error and "not found" in text_of(missing)
+        await client.call_tool("close_session", {"session_id": session_id})
 
 
 async def test_files_go_up_and_come_down(url):

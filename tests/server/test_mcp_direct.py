@@ -12,6 +12,7 @@ import pytest
 from cloche.config import Limits
 from cloche.errors import SessionNotFound
 from cloche.server.mcp.direct import ManagerClient
+from cloche.sessions.history import CellEntry
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import SessionInfo, SessionState
 from cloche.sessions.store import SnapshotRecord
@@ -32,10 +33,16 @@ class RecordingManager:
         self.closed: set[str] = set()
 
     async def create(
-        self, owner: str | None, profile: str = "lean", snapshot: Any = None, egress: Any = None
+        self,
+        owner: str | None,
+        profile: str = "lean",
+        snapshot: Any = None,
+        egress: Any = None,
+        metadata: Any = None,
     ):
         self.calls.append(("create", owner))
         self.egress = egress
+        self.metadata = metadata
         return _info("s1", profile)
 
     async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
@@ -44,9 +51,31 @@ class RecordingManager:
             raise SessionNotFound(session_id)
         return _info(session_id)
 
-    async def sessions(self, owner: str | None = None) -> list[SessionInfo]:
+    async def sessions(self, owner: str | None = None, **filters: Any) -> list[SessionInfo]:
         self.calls.append(("sessions", owner))
+        self.filters = filters
         return [_info("s1")]
+
+    async def history(self, session_id: str, owner=None, *, after=0, limit=None):
+        self.calls.append(("history", owner))
+        self.asked = (session_id, after, limit)
+        now = time.time()
+        return [
+            CellEntry(
+                number=4,
+                execution_count=2,
+                code="6 * 7",
+                status="ok",
+                end_reason="ok",
+                started_at=now - 0.5,
+                ended_at=now,
+                duration_s=0.5,
+                stdout="out\n",
+                stderr="",
+                result={"text/plain": "42"},
+                front_end="http",
+            )
+        ]
 
     async def execute(self, session_id: str, code: str, *, owner=None, timeout_s=None, **_):
         self.calls.append(("execute", owner))
@@ -94,11 +123,19 @@ def _client(manager: RecordingManager, timeouts: dict[str, float] | None = None)
 
 async def test_every_call_reaches_the_manager_as_the_callers_token(manager):
     client = _client(manager)
-    session = await client.create_session("data", egress="research")
+    session = await client.create_session("data", egress="research", metadata={"a": "b"})
     assert (session.id, session.info.profile) == ("s1", "data")
     assert manager.egress == "research"  # MCP's create_session asks for the policy named
+    assert manager.metadata == {"a": "b"}
     await session.refresh()
-    await client.list_sessions()
+    await client.list_sessions(state="idle", profile="data", metadata={"a": "b"})
+    assert manager.filters == {"state": "idle", "profile": "data", "metadata": {"a": "b"}}
+    (cell,) = await session.history(3, 10)
+    assert manager.asked == ("s1", 3, 10)
+    assert (cell.number, cell.code, cell.front_end) == (4, "6 * 7", "http")
+    assert (cell.execution.text, cell.execution.logs.stdout) == ("42", "out\n")
+    assert (cell.execution.execution_count, cell.execution.duration_ms) == (2, 500.0)
+    assert cell.execution.session_id == "s1" and cell.end_reason == "ok"
     await session.run("1 / 0")
     await session.upload("a.txt", b"x")
     assert await session.download("a.txt") == b"content of a.txt"

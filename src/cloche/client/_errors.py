@@ -10,10 +10,12 @@ from typing import Any
 import httpx
 
 from cloche.errors import (
+    CellNotFound,
     CheckpointFailed,
     ClocheError,
     EgressRefused,
     Forbidden,
+    InvalidMetadata,
     InvalidRequest,
     KernelDied,
     LLMBudgetExceeded,
@@ -118,6 +120,7 @@ def error_for(
     session_id: str | None = None,
     file_path: str | None = None,
     snapshot_id: str | None = None,
+    cell_number: int | None = None,
 ) -> ClocheError:
     """The exception for an error answer of the API, worded by the server where it can be."""
     status = response.status_code
@@ -138,6 +141,8 @@ def error_for(
             advice = "this server needs a token: pass token= (--token, or CLOCHE_TOKEN)"
         return Unauthorized(f"{advice} [{url}: {message}]")
     if status == 404 and kind == "not_found":
+        if session_id is not None and cell_number is not None and "has no cell" in message:
+            return _with_message(CellNotFound(session_id, cell_number), message)
         if session_id is not None and message.startswith("Session "):
             return SessionNotFound(session_id)
         if snapshot_id is not None and message.startswith("Snapshot "):
@@ -146,6 +151,8 @@ def error_for(
             return _with_message(PathNotFound(file_path), message)
     if status == 410 and kind == "lost" and session_id is not None:
         return _with_message(SessionLost(session_id), message)
+    if status == 400 and kind == "invalid_request" and message.startswith("metadata"):
+        return InvalidMetadata(message)  # the server names the pair or the limit
     if status == 400 and kind == "path_refused":
         return _with_message(PathRefused(file_path or "", message), message)
     if kind == "package_install":

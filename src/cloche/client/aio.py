@@ -27,7 +27,7 @@ import httpx
 
 from cloche.client import _sse
 from cloche.client._errors import ANSWER_MARGIN_S, cell_refusal, error_for, translated
-from cloche.client.execution import Execution, Result, execution_from_json
+from cloche.client.execution import Cell, Execution, Result, cell_from_json, execution_from_json
 from cloche.errors import ClocheError, SessionNotFound, UnexpectedResponse
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -39,6 +39,7 @@ DisplayCallback = Callable[[Result], Any]  # called with each display()ed bundle
 InputCallback = Callable[[str, bool], Any]
 FileData = bytes | str  # str is written as UTF-8
 RLM_TIMEOUT_S = 3600.0  # how long session.rlm() waits for its answer, by default
+HISTORY_PAGE = 1000  # cells asked for at once (the server's most per page)
 
 
 def default_url() -> str:
@@ -64,6 +65,8 @@ class SessionInfo:
     execution_count: int
     limits: dict[str, float]  # cell_timeout_s, memory_mib, disk_mib, ...
     egress: dict[str, Any] | None = None  # its egress policy ({policy, allow?}), if any
+    metadata: dict[str, str] = dataclasses.field(default_factory=dict)  # its labels
+    last_cell: dict[str, Any] | None = None  # {number, end_reason, ended_at}, if it ran any
 
     @property
     def cell_timeout_s(self) -> float:
@@ -80,6 +83,8 @@ class SessionInfo:
             execution_count=int(body.get("execution_count", 0)),
             limits=dict(body.get("limits") or {}),
             egress=body.get("egress"),
+            metadata={str(k): str(v) for k, v in (body.get("metadata") or {}).items()},
+            last_cell=body.get("last_cell"),
         )
 
 
@@ -187,6 +192,7 @@ class AsyncClient:
         files: Mapping[str, FileData] | None = None,
         snapshot: str | SnapshotInfo | None = None,
         egress: str | Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> AsyncSession:
         """A new session.
 
@@ -202,8 +208,12 @@ class AsyncClient:
             egress: network access through the server's egress proxy: the name of one of
                 its policies (--egress-policy), or {"policy": name, "allow": [rules]} to
                 narrow one. Nothing: the server's `default` policy, if it has one.
+            metadata: labels of your choosing (string keys and values, at most 32 pairs and
+                4 KiB), to find it by with `list_sessions(metadata=...)`; from a snapshot,
+                its session's when left out.
 
         Raises:
+            InvalidMetadata: metadata of the wrong shape or over the limits.
             EgressRefused: an unknown policy, or rules wider than it (403).
             TooManySessions: the server holds --max-sessions sessions already.
             SandboxError: the server could not start a sandbox.
@@ -220,6 +230,8 @@ class AsyncClient:
             body["timeout"] = timeout
         if egress is not None:
             body["egress"] = egress if isinstance(egress, str) else dict(egress)
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
         if env:
             body["env"] = dict(env)
         if files:
@@ -245,9 +257,26 @@ class AsyncClient:
         )
         return SessionInfo.from_json(response.json())
 
-    async def list_sessions(self) -> list[SessionInfo]:
-        """The sessions of this client's token (every session, on a server without tokens)."""
-        response = await self._request("GET", "/v1/sessions")
+    async def list_sessions(
+        self,
+        *,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> list[SessionInfo]:
+        """The sessions of this client's token (every session, on a server without tokens).
+
+        Args:
+            state: only those in this state: idle, busy or paused.
+            profile: only those of this profile.
+            metadata: only those carrying every one of these pairs.
+        """
+        params = {f"metadata.{key}": value for key, value in (metadata or {}).items()}
+        if state is not None:
+            params["state"] = state
+        if profile is not None:
+            params["profile"] = profile
+        response = await self._request("GET", "/v1/sessions", params=params)
         return [SessionInfo.from_json(item) for item in response.json()["sessions"]]
 
     async def close_session(self, session_id: str) -> None:
@@ -331,6 +360,7 @@ class AsyncClient:
         session_id: str | None = None,
         file_path: str | None = None,
         snapshot_id: str | None = None,
+        cell_number: int | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """One request; a refusal or a failure raised as the tree's exception."""
@@ -339,7 +369,11 @@ class AsyncClient:
         if response.is_success:
             return response
         raise self._error(
-            response, session_id=session_id, file_path=file_path, snapshot_id=snapshot_id
+            response,
+            session_id=session_id,
+            file_path=file_path,
+            snapshot_id=snapshot_id,
+            cell_number=cell_number,
         )
 
     def _error(
@@ -349,6 +383,7 @@ class AsyncClient:
         session_id: str | None = None,
         file_path: str | None = None,
         snapshot_id: str | None = None,
+        cell_number: int | None = None,
     ) -> ClocheError:
         return error_for(
             response,
@@ -357,6 +392,7 @@ class AsyncClient:
             session_id=session_id,
             file_path=file_path,
             snapshot_id=snapshot_id,
+            cell_number=cell_number,
         )
 
 
@@ -376,6 +412,11 @@ class AsyncSession:
     @property
     def id(self) -> str:
         return self.info.id
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """Its labels, as last told (made, fetched, refreshed or updated)."""
+        return self.info.metadata
 
     @property
     def _path(self) -> str:
@@ -652,6 +693,67 @@ class AsyncSession:
         """Interrupt the running cell (KeyboardInterrupt in it); False when none was running."""
         response = await self.client._request("POST", f"{self._path}/interrupt", session_id=self.id)
         return bool(response.json()["interrupted"])
+
+    async def history(self, after: int = 0, limit: int | None = None) -> list[Cell]:
+        """The cells the session has run, oldest first, as its history keeps them.
+
+        The server keeps a session's last --history-cells cells (200 by default), their
+        stdout and stderr each cut to --history-output-bytes; pause, snapshot, fork and
+        restarts keep them. Cells sent by any front end are there (`Cell.front_end`).
+
+        Args:
+            after: only cells numbered above this (the last `Cell.number` seen, to page).
+            limit: at most this many; None for all that are kept.
+
+        Returns:
+            The cells, each with its code, times and outcome (`Cell.execution`).
+
+        Raises:
+            SessionNotFound: unknown, closed, or another token's.
+        """
+        cells: list[Cell] = []
+        while limit is None or len(cells) < limit:
+            page = HISTORY_PAGE if limit is None else min(HISTORY_PAGE, limit - len(cells))
+            response = await self.client._request(
+                "GET",
+                f"{self._path}/cells",
+                params={"after": after, "limit": page},
+                session_id=self.id,
+            )
+            found = [cell_from_json(item, self.id) for item in response.json()["cells"]]
+            cells.extend(found)
+            if len(found) < page:
+                break
+            after = found[-1].number
+        return cells
+
+    async def cell(self, number: int) -> Cell:
+        """One cell of the session's history, by its `Cell.number`.
+
+        Raises:
+            CellNotFound: no cell of that number is kept (never run, or no longer kept).
+            SessionNotFound: unknown, closed, or another token's.
+        """
+        response = await self.client._request(
+            "GET", f"{self._path}/cells/{int(number)}", session_id=self.id, cell_number=number
+        )
+        return cell_from_json(response.json(), self.id)
+
+    async def update_metadata(self, changes: Mapping[str, str | None]) -> SessionInfo:
+        """Merge changes into the session's metadata: a str sets its key, None deletes it.
+
+        Returns:
+            What the server says about the session now (`info.metadata`: all its labels).
+
+        Raises:
+            InvalidMetadata: the result would not be string pairs within the limits (at
+                most 32 pairs, 4 KiB); the session keeps the metadata it had.
+        """
+        response = await self.client._request(
+            "PATCH", self._path, json={"metadata": dict(changes)}, session_id=self.id
+        )
+        self.info = SessionInfo.from_json(response.json())
+        return self.info
 
     async def refresh(self) -> SessionInfo:
         """What the server says about this session now."""

@@ -1,4 +1,5 @@
-"""What a cell produced, as the client SDK hands it over (see the execution spec).
+"""What a cell produced, as the client SDK hands it over (see the execution spec), and a
+cell as a session's history keeps it (`Cell`).
 
 An error in the user's code is data here (`Execution.error`), never an exception.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +121,9 @@ class Execution:
     Attributes:
         status: `ok`, `error` (the code raised), `timeout`, `interrupted`, or `killed`
             (the sandbox died; the session is gone).
+        end_reason: finer than status, why the cell ended: `ok`, `error`, `timeout`,
+            `interrupted`, `memory` (MemoryError, or the memory cgroup's OOM kill),
+            `output_limit`, `killed` (it ignored its interrupt), `sandbox_died`.
         results: MIME bundles in the order they appeared: `display()`s and figures,
             then the value of the last expression (`is_main_result`).
         logs: stdout and stderr.
@@ -145,6 +150,7 @@ class Execution:
     result_json: Any = None
     session_id: str | None = None
     output_files: dict[str, bytes] = field(default_factory=dict)
+    end_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -195,8 +201,9 @@ def execution_from_json(body: dict[str, Any], session_id: str | None = None) -> 
     if body.get("result") is not None:
         results.append(Result(dict(body["result"]), is_main_result=True))
     error = body.get("error")
+    status = str(body.get("status", "error"))
     return Execution(
-        status=str(body.get("status", "error")),
+        status=status,
         results=results,
         logs=Logs(stdout=body.get("stdout") or "", stderr=body.get("stderr") or ""),
         error=(
@@ -215,4 +222,55 @@ def execution_from_json(body: dict[str, Any], session_id: str | None = None) -> 
         session_alive=bool(body.get("session_alive", True)),
         result_json=body.get("result_json"),
         session_id=session_id,
+        end_reason=str(body.get("end_reason") or status),
     )
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a session's history: what ran, when, from where, and its outcome.
+
+    Attributes:
+        number: its place in the session's life, from 1 (`session.cell(number)`); unlike
+            `execution.execution_count`, a restart does not start it again.
+        code: the source as it was sent.
+        started_at: when it started (UTC).
+        ended_at: when it ended (UTC).
+        front_end: which front end sent it: http, tcp, mcp, jupyter, ui.
+        execution: its outcome, as `run` returned it: status, end_reason, logs (each cut
+            to the server's --history-output-bytes, with a marker), results (images over
+            1 MiB named only), error, files changed, duration_ms, message.
+    """
+
+    number: int
+    code: str
+    started_at: datetime.datetime
+    ended_at: datetime.datetime
+    front_end: str
+    execution: Execution
+
+    @property
+    def end_reason(self) -> str:
+        return self.execution.end_reason
+
+
+def cell_from_json(body: dict[str, Any], session_id: str | None = None) -> Cell:
+    """A Cell from the sessions API's history entry (GET /v1/sessions/{id}/cells)."""
+    outcome = {
+        **body,
+        "duration_ms": float(body.get("duration_s") or 0.0) * 1000,
+        "files": body.get("files_changed") or [],
+        "session_alive": body.get("status") != "killed",
+    }
+    return Cell(
+        number=int(body["number"]),
+        code=str(body.get("code", "")),
+        started_at=_utc(body.get("started_at")),
+        ended_at=_utc(body.get("ended_at")),
+        front_end=str(body.get("front_end") or ""),
+        execution=execution_from_json(outcome, session_id=session_id),
+    )
+
+
+def _utc(unix_s: Any) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(float(unix_s or 0.0), datetime.UTC)

@@ -32,7 +32,7 @@ from cloche.client.aio import (
     SessionInfo,
     SnapshotInfo,
 )
-from cloche.client.execution import Execution
+from cloche.client.execution import Cell, Execution
 from cloche.errors import ClocheError
 
 T = TypeVar("T")
@@ -107,11 +107,18 @@ class Client:
         files: Mapping[str, FileData] | None = None,
         snapshot: str | SnapshotInfo | None = None,
         egress: str | Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Session:
         """A new session, or one restored from a snapshot; see `AsyncClient.create_session`."""
         created = self._loop.call(
             self._async.create_session(
-                profile, timeout=timeout, env=env, files=files, snapshot=snapshot, egress=egress
+                profile,
+                timeout=timeout,
+                env=env,
+                files=files,
+                snapshot=snapshot,
+                egress=egress,
+                metadata=metadata,
             )
         )
         return Session(self._loop, created)
@@ -132,8 +139,17 @@ class Client:
     def get_session(self, session_id: str) -> SessionInfo:
         return self._loop.call(self._async.get_session(session_id))
 
-    def list_sessions(self) -> list[SessionInfo]:
-        return self._loop.call(self._async.list_sessions())
+    def list_sessions(
+        self,
+        *,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> list[SessionInfo]:
+        """The token's sessions, filtered; see `AsyncClient.list_sessions`."""
+        return self._loop.call(
+            self._async.list_sessions(state=state, profile=profile, metadata=metadata)
+        )
 
     def close_session(self, session_id: str) -> None:
         self._loop.call(self._async.close_session(session_id))
@@ -193,6 +209,10 @@ class Session:
     @property
     def info(self) -> SessionInfo:
         return self._async.info
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self._async.metadata
 
     def run(
         self,
@@ -286,6 +306,18 @@ class Session:
 
     def resume(self) -> SessionInfo:
         return self._loop.call(self._async.resume())
+
+    def history(self, after: int = 0, limit: int | None = None) -> list[Cell]:
+        """The cells the session has run, oldest first; see `AsyncSession.history`."""
+        return self._loop.call(self._async.history(after, limit))
+
+    def cell(self, number: int) -> Cell:
+        """One cell of the history; see `AsyncSession.cell`. Raises CellNotFound."""
+        return self._loop.call(self._async.cell(number))
+
+    def update_metadata(self, changes: Mapping[str, str | None]) -> SessionInfo:
+        """Merge labels into its metadata (None deletes); see `AsyncSession.update_metadata`."""
+        return self._loop.call(self._async.update_metadata(changes))
 
     def refresh(self) -> SessionInfo:
         return self._loop.call(self._async.refresh())

@@ -198,16 +198,12 @@ class GatewayKernel:
         return {"status": "ok", "found": text is not None, "data": data, "metadata": {}}
 
     async def _history(self, request: Request) -> Content:
-        last = request.content.get("n")
-        tail = last if request.content.get("hist_access_type") == "tail" else 0
+        """From the session's history, with the cells of every front end (`replies.history`)."""
         try:
-            cells = await introspection.history(
-                self.gateway.manager, self.id, self.owner, tail if isinstance(tail, int) else 0
-            )
+            cells = await self.gateway.manager.history(self.id, self.owner)
         except ClocheError as exc:
             return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc)}
-        # [session, line, input]: one session (0, the current one, as ipykernel numbers it)
-        return {"status": "ok", "history": [[0, number, source] for number, source in cells]}
+        return {"status": "ok", "history": replies.history(cells, request.content)}
 
     async def _execute(
         self, connection: Connection, request: Request, held: list[Connection]

@@ -1,18 +1,25 @@
-"""Replies the gateway gives without running a cell: kernel_info, is_complete, and the
-requests this slice answers with nothing found (complete, inspect, history)."""
+"""Replies the gateway gives without running a cell: kernel_info, is_complete, and history
+(from the session's history, which the session manager keeps)."""
 
 from __future__ import annotations
 
 import codeop
+import fnmatch
 import platform
 import re
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from cloche import __version__
 from cloche.server.jupyter.messages import PROTOCOL_VERSION
+from cloche.sessions.history import CellEntry
 
 MAX_IS_COMPLETE_CHARS = 64 * 1024  # longer code is answered "unknown", not compiled
+DEFAULT_HISTORY_N = 10  # cells of a `tail` history request that says no n (IPython's)
+# A history request's `session`: the kernel's cells are all of session 0, the current one,
+# numbered by their number in the session's history (a restart goes on counting).
+HISTORY_SESSION = 0
 # IPython syntax that the kernel translates (`!ls`, `%time x`, `x = !ls`, `obj?`): codeop
 # would call it invalid, so each such line is read as a plain statement.
 _SHELL_OR_MAGIC = re.compile(r"^(\s*)[!%].*$")
@@ -79,3 +86,59 @@ def _next_indent(code: str) -> str:
     last = lines[-1]
     indent = last[: len(last) - len(last.lstrip())]
     return indent + "    " if last.rstrip().endswith(":") else indent
+
+
+def history(cells: Sequence[CellEntry], content: dict[str, Any]) -> list[list[Any]]:
+    """The `history` of a history_reply: [session, line, input], or [session, line, [input,
+    output]] with `output` (the output: the text/plain result, else stdout, else None).
+
+    `hist_access_type` as IPython reads it: `tail` (the last n), `range` (session 0's lines
+    start <= line < stop; a negative start or stop counts from the end, no stop: to the
+    end), `search` (`pattern` as a case-sensitive glob on the code, the last n matches if
+    n, each code once if unique). Lines are the cells' numbers (`CellEntry.number`).
+    """
+    kind = content.get("hist_access_type")
+    n = _int(content.get("n"))
+    if kind == "tail":
+        count = DEFAULT_HISTORY_N if n is None else n
+        found = list(cells[-count:]) if count > 0 else []
+    elif kind == "range":
+        found = _range(cells, content) if _int(content.get("session")) in (None, 0) else []
+    elif kind == "search":
+        pattern = content.get("pattern")
+        pattern = pattern if isinstance(pattern, str) else "*"
+        found = [c for c in cells if fnmatch.fnmatchcase(c.code, pattern)]
+        if content.get("unique") is True:
+            latest = {c.code: c.number for c in found}
+            found = [c for c in found if latest[c.code] == c.number]
+        if n is not None:
+            found = found[-n:] if n > 0 else []
+    else:
+        found = []
+    if content.get("output") is True:
+        return [[HISTORY_SESSION, c.number, [c.code, _output(c)]] for c in found]
+    return [[HISTORY_SESSION, c.number, c.code] for c in found]
+
+
+def _range(cells: Sequence[CellEntry], content: dict[str, Any]) -> list[CellEntry]:
+    end = (cells[-1].number if cells else 0) + 1  # one past the last line, as IPython's n
+    start = _int(content.get("start")) or 1
+    if start < 0:
+        start += end
+    stop = _int(content.get("stop"))
+    if not stop or stop > end:
+        stop = end
+    elif stop < 0:
+        stop += end
+    return [c for c in cells if start <= c.number < stop]
+
+
+def _output(cell: CellEntry) -> str | None:
+    result = (cell.result or {}).get("text/plain")
+    if isinstance(result, str):
+        return result
+    return cell.stdout or None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

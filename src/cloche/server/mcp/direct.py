@@ -10,9 +10,10 @@ way, and the per-session cell time limits set at creation over HTTP hold here to
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 from cloche.client.aio import SessionInfo, SnapshotInfo
-from cloche.client.execution import Execution, execution_from_json
+from cloche.client.execution import Cell, Execution, cell_from_json, execution_from_json
 from cloche.config import Limits
 from cloche.errors import SessionNotFound
 from cloche.server.http.results import execute_body
@@ -46,18 +47,32 @@ class ManagerClient:
         return self._timeouts.get(session_id)
 
     async def create_session(
-        self, profile: str = "lean", *, snapshot: str | None = None, egress: str | None = None
+        self,
+        profile: str = "lean",
+        *,
+        snapshot: str | None = None,
+        egress: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> ManagerSession:
         info = await self.manager.create(
-            self.owner, profile=profile, snapshot=snapshot, egress=egress
+            self.owner, profile=profile, snapshot=snapshot, egress=egress, metadata=metadata
         )
         return ManagerSession(self, self.describe(info))
 
     async def session(self, session_id: str) -> ManagerSession:
         return ManagerSession(self, self.describe(await self.manager.info(session_id, self.owner)))
 
-    async def list_sessions(self) -> list[SessionInfo]:
-        return [self.describe(info) for info in await self.manager.sessions(self.owner)]
+    async def list_sessions(
+        self,
+        *,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> list[SessionInfo]:
+        found = await self.manager.sessions(
+            self.owner, state=state, profile=profile, metadata=metadata
+        )
+        return [self.describe(info) for info in found]
 
     async def close_session(self, session_id: str) -> None:
         await self.manager.close(session_id, self.owner, reason="deleted")
@@ -111,6 +126,11 @@ class ManagerSession:
         client = self.client
         copies = await client.manager.fork(self.id, count, client.owner)
         return [ManagerSession(client, client.describe(info)) for info in copies]
+
+    async def history(self, after: int = 0, limit: int | None = None) -> list[Cell]:
+        client = self.client
+        kept = await client.manager.history(self.id, client.owner, after=after, limit=limit)
+        return [cell_from_json(entry.to_json(), self.id) for entry in kept]
 
     async def close(self) -> None:
         if self.closed:

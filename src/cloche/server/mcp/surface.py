@@ -7,11 +7,11 @@ other, over the server's own session manager (/mcp inside the server).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from cloche.client.aio import SessionInfo, SnapshotInfo
-from cloche.client.execution import Execution
+from cloche.client.execution import Cell, Execution
 
 
 class ToolSession(Protocol):
@@ -42,6 +42,9 @@ class ToolSession(Protocol):
 
     async def fork(self, count: int = 1) -> Sequence[ToolSession]: ...
 
+    async def history(self, after: int = 0, limit: int | None = None) -> Sequence[Cell]:
+        """Its cells numbered above after, oldest first, at most limit."""
+
     async def close(self) -> None:
         """Idempotent: an ended session is fine."""
 
@@ -50,12 +53,24 @@ class ToolClient(Protocol):
     """The sessions one caller (one token, or none) may use."""
 
     async def create_session(
-        self, profile: str = "lean", *, snapshot: str | None = None, egress: str | None = None
+        self,
+        profile: str = "lean",
+        *,
+        snapshot: str | None = None,
+        egress: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> ToolSession: ...
 
     async def session(self, session_id: str) -> ToolSession:
         """Raises SessionNotFound: unknown, ended, or another token's."""
 
-    async def list_sessions(self) -> Sequence[SessionInfo]: ...
+    async def list_sessions(
+        self,
+        *,
+        state: str | None = None,
+        profile: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Sequence[SessionInfo]:
+        """Those in a state, of a profile, carrying every pair of metadata given."""
 
     async def close_session(self, session_id: str) -> None: ...

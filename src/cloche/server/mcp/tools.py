@@ -1,4 +1,5 @@
-"""cloche's MCP tools: run_python, sessions and files, written once over `surface.py`.
+"""cloche's MCP tools: run_python, sessions, their history and files, written once over
+`surface.py` (what they answer is shaped in `content.py`).
 
 Both transports use them: `cloche mcp` (stdio, through the client SDK to a server's HTTP
 API) and /mcp on the server's own HTTP port (straight to the server's session manager,
@@ -19,14 +20,13 @@ from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from cloche import __version__
-from cloche.client.execution import Execution
 from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
 from cloche.errors import ClocheError, SessionNotFound
-from cloche.server.jsonbody import map_leaves
+from cloche.server.mcp.content import execution_result, file_content, history_result
 from cloche.server.mcp.surface import ToolClient, ToolSession
 
 log = logging.getLogger("cloche.mcp")
@@ -35,16 +35,16 @@ INSTRUCTIONS = (
     "cloche runs Python in persistent sandboxed sessions. Call run_python with code; state "
     "persists between calls in this connection's own session. Pass session_id to use a "
     "session made with create_session instead. Use upload_file / download_file to move "
-    "files in and out of a session's working directory."
+    "files in and out of a session's working directory, and session_history to see the "
+    "cells a session ran."
 )
 SESSION_ID_DESCRIPTION = (
     "A session made with create_session; leave it out to use this connection's own session"
 )
-IMAGE_MAGIC = {
-    b"\x89PNG\r\n\x1a\n": "image/png",
-    b"\xff\xd8\xff": "image/jpeg",
-    b"GIF8": "image/gif",
-}
+METADATA_DESCRIPTION = (
+    "Labels of your choosing (string keys and values, at most 32 pairs), to find the "
+    "session by with list_sessions"
+)
 
 
 class Scope(abc.ABC):
@@ -145,81 +145,6 @@ async def _session_for(
             await session.close()
 
 
-def _images(execution: Execution) -> list[ContentBlock]:
-    return [
-        ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=kind)
-        for result in execution.results
-        for kind, data in result.images().items()
-    ]
-
-
-def execution_result(execution: Execution, note: str | None = None) -> CallToolResult:
-    """An Execution as MCP content: a text summary, then any images."""
-    header = (
-        f"[session {execution.session_id}, cell {execution.execution_count}, "
-        f"{execution.status}, {execution.duration_ms:.0f} ms]"
-    )
-    text = f"{header}\n{execution.to_text()}"
-    if note:
-        text = f"{text}\n\nnote: {note}"
-    error = execution.error
-    return CallToolResult(
-        content=[TextContent(type="text", text=_sendable(text)), *_images(execution)],
-        structured_content=_sendable(
-            {
-                "session_id": execution.session_id,
-                "status": execution.status,
-                "stdout": execution.logs.stdout,
-                "stderr": execution.logs.stderr,
-                "result": execution.text,
-                "error": (
-                    {"ename": error.ename, "evalue": error.evalue, "traceback": error.traceback}
-                    if error
-                    else None
-                ),
-                "execution_count": execution.execution_count,
-                "duration_ms": execution.duration_ms,
-            }
-        ),
-        is_error=execution.status != "ok",
-    )
-
-
-def _sendable(value: Any) -> Any:
-    """Strs with any lone surrogate (user code can raise ValueError("\\ud800"), which
-    UTF-8 can't encode and the SDK would fail to send) spelled as its escape, `\\ud800`."""
-    return map_leaves(value, _escaped_surrogates)
-
-
-def _escaped_surrogates(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return value
-
-
-def _file_content(path: str, data: bytes) -> list[ContentBlock]:
-    for magic, kind in IMAGE_MAGIC.items():
-        if data.startswith(magic):
-            return [
-                TextContent(type="text", text=f"{path}: {len(data)} bytes, {kind}"),
-                ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=kind),
-            ]
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        encoded = base64.b64encode(data).decode()
-        return [
-            TextContent(
-                type="text", text=f"{path}: {len(data)} bytes of binary, base64:\n{encoded}"
-            )
-        ]
-    return [TextContent(type="text", text=text)]
-
-
 @contextlib.contextmanager
 def _logging_left_alone() -> Iterator[None]:
     """MCPServer() calls logging.basicConfig, which would give an unconfigured process a
@@ -281,10 +206,11 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 max_length=200,
             ),
         ] = None,
+        metadata: Annotated[dict[str, str] | None, Field(description=METADATA_DESCRIPTION)] = None,
     ) -> CallToolResult:
         with _as_tool_errors():
             session = await scope.client(ctx).create_session(
-                profile, snapshot=snapshot, egress=egress
+                profile, snapshot=snapshot, egress=egress, metadata=metadata
             )
         profile = session.info.profile  # a snapshot's own
         return CallToolResult(
@@ -296,7 +222,11 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                     "close_session when done.",
                 )
             ],
-            structured_content={"session_id": session.id, "profile": profile},
+            structured_content={
+                "session_id": session.id,
+                "profile": profile,
+                "metadata": session.info.metadata,
+            },
         )
 
     @server.tool(description="Close a session and discard its state.")
@@ -306,10 +236,26 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         sessions.forget(session_id)
         return f"Closed session {session_id}."
 
-    @server.tool(description="The sessions you can use, with their state and profile.")
-    async def list_sessions(ctx: Context) -> CallToolResult:
+    @server.tool(
+        description="The sessions you can use, with their state, profile and metadata; "
+        "only those matching the filters given.",
+        annotations=ToolAnnotations(read_only_hint=True),
+    )
+    async def list_sessions(
+        ctx: Context,
+        state: Annotated[
+            str | None, Field(description="Only those in this state: idle, busy, paused")
+        ] = None,
+        profile: Annotated[str | None, Field(description="Only those of this profile")] = None,
+        metadata: Annotated[
+            dict[str, str] | None,
+            Field(description="Only those whose metadata has every one of these pairs"),
+        ] = None,
+    ) -> CallToolResult:
         with _as_tool_errors():
-            listed = await scope.client(ctx).list_sessions()
+            listed = await scope.client(ctx).list_sessions(
+                state=state, profile=profile, metadata=metadata
+            )
         key = scope.connection(ctx)
         rows = [
             {
@@ -318,16 +264,18 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 "state": info.state,
                 "execution_count": info.execution_count,
                 "expires_at": info.expires_at.isoformat(),
+                "metadata": info.metadata,
                 "this_connection": sessions.holds(key, info.id),
             }
             for info in listed
         ]
         lines = []
-        for row in rows:
+        for info, row in zip(listed, rows, strict=True):
             mine = "  (this connection's)" if row["this_connection"] else ""
+            labels = "".join(f" {k}={v}" for k, v in info.metadata.items())
             lines.append(
                 f"{row['session_id']}  {row['profile']:<5} {row['state']:<8} "
-                f"cells={row['execution_count']}{mine}"
+                f"cells={row['execution_count']}{labels}{mine}"
             )
         return CallToolResult(
             content=[TextContent(type="text", text="\n".join(lines) or "No sessions.")],
@@ -382,6 +330,27 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             structured_content={"session_ids": ids, "session_id": session_id},
         )
 
+    @server.tool(
+        description="The cells a session ran (from any client), with each one's code, why it "
+        "ended and its output (cut). Without `after`: its last `limit` cells.",
+        annotations=ToolAnnotations(read_only_hint=True),
+    )
+    async def session_history(
+        ctx: Context,
+        session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
+        after: Annotated[
+            int | None, Field(description="Only the cells numbered above this", ge=0)
+        ] = None,
+        limit: Annotated[int, Field(description="At most this many cells", ge=1, le=100)] = 10,
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            async with _session_for(scope, sessions, ctx, session_id) as (session, _):
+                if after is None:
+                    last = int((session.info.last_cell or {}).get("number", 0))
+                    after = max(0, last - limit)
+                cells = await session.history(after, limit)
+        return history_result(session.id, list(cells))
+
     @server.tool(description="Write a file into a session's working directory.")
     async def upload_file(
         path: Annotated[str, Field(description="Path under the working directory")],
@@ -413,6 +382,6 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         with _as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, _):
                 data = await session.download(path)
-        return CallToolResult(content=_file_content(path, data))
+        return CallToolResult(content=file_content(path, data))
 
     return server
