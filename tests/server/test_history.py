@@ -306,7 +306,8 @@ def test_a_listing_shows_what_each_sandbox_has_used(http):
     run(
         http,
         session,
-        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nblock = bytearray(64 * 1024**2)\nfor i in range(0, len(block), 4096): block[i] = 1",
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        "block = bytearray(64 * 1024**2)\nfor i in range(0, len(block), 4096): block[i] = 1",
     )
     listed = {s["id"]: s for s in http.get("/v1/sessions").json()["sessions"]}[session]
     assert listed["cpu_s"] >= 0.3, listed

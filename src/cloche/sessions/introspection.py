@@ -1,5 +1,6 @@
-"""Completions, help and history of a live session, for front ends that ask for them (Jupyter's
-complete, inspect and history requests).
+"""Completions and help of a live session, for front ends that ask for them (Jupyter's
+complete and inspect requests; its history requests are answered from the session's own
+history, `sessions.history`).
 
 Each is one silent cell, queued behind the session's cells as ipykernel answers them in turn:
 it runs in a namespace of its own, is not counted, and calls `cloche.kernel.introspect` on
@@ -78,20 +79,3 @@ async def inspect(
     if isinstance(answer, dict) and answer.get("found") is True:
         return str(answer.get("text", ""))
     return None
-
-
-async def history(
-    manager: SessionManager, session_id: str, owner: str | None, last: int = 0
-) -> list[tuple[int, str]]:
-    """The session's cells as written, oldest first: (execution count, source).
-
-    Raises:
-        SessionNotFound: as execute does.
-    """
-    answer = await _ask(manager, session_id, owner, f"history({int(last)})")
-    cells: list[tuple[int, str]] = []
-    if isinstance(answer, list):
-        for item in answer:
-            if isinstance(item, list) and len(item) == 2:
-                cells.append((int(item[0]), str(item[1])))
-    return cells
