@@ -112,3 +112,19 @@ def test_an_update_past_the_limits_is_refused_and_keeps_the_metadata(client):
         with pytest.raises(cloche.InvalidMetadata, match="at most 32"):
             session.update_metadata({f"k{i}": "v" for i in range(40)})
         assert session.refresh().metadata == {"keep": "me"}
+
+
+def test_an_admins_listing_spans_tenants_and_shows_what_sandboxes_use(make_server):
+    server = make_server(
+        pool_size=1, tokens=frozenset({"user-a"}), admin_tokens=frozenset({"root-a"})
+    )
+    url = f"http://127.0.0.1:{server.http_port}"
+    with cloche.Client(url, "user-a") as user, cloche.Client(url, "root-a") as admin:
+        with user.create_session() as mine:
+            mine.run("x = 1")
+            assert admin.list_sessions() == []  # its own: none
+            everyone = admin.list_sessions(every_tenant=True)
+            assert [info.id for info in everyone] == [mine.id]
+            assert everyone[0].cpu_s is not None and everyone[0].cpu_s > 0
+            assert everyone[0].memory_bytes is not None and everyone[0].memory_bytes > 0
+            assert [info.id for info in user.list_sessions(every_tenant=True)] == [mine.id]

@@ -67,6 +67,8 @@ class SessionInfo:
     egress: dict[str, Any] | None = None  # its egress policy ({policy, allow?}), if any
     metadata: dict[str, str] = dataclasses.field(default_factory=dict)  # its labels
     last_cell: dict[str, Any] | None = None  # {number, end_reason, ended_at}, if it ran any
+    cpu_s: float | None = None  # CPU time its sandbox has used (in listings only)
+    memory_bytes: int | None = None  # memory its sandbox holds now (in listings only)
 
     @property
     def cell_timeout_s(self) -> float:
@@ -85,6 +87,8 @@ class SessionInfo:
             egress=body.get("egress"),
             metadata={str(k): str(v) for k, v in (body.get("metadata") or {}).items()},
             last_cell=body.get("last_cell"),
+            cpu_s=body.get("cpu_s"),
+            memory_bytes=body.get("memory_bytes"),
         )
 
 
@@ -263,6 +267,7 @@ class AsyncClient:
         state: str | None = None,
         profile: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        every_tenant: bool = False,
     ) -> list[SessionInfo]:
         """The sessions of this client's token (every session, on a server without tokens).
 
@@ -270,8 +275,11 @@ class AsyncClient:
             state: only those in this state: idle, busy or paused.
             profile: only those of this profile.
             metadata: only those carrying every one of these pairs.
+            every_tenant: an admin's token: every tenant's sessions (a user's: its own).
         """
         params = {f"metadata.{key}": value for key, value in (metadata or {}).items()}
+        if every_tenant:
+            params["all"] = "true"
         if state is not None:
             params["state"] = state
         if profile is not None:

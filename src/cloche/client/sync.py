@@ -145,10 +145,13 @@ class Client:
         state: str | None = None,
         profile: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        every_tenant: bool = False,
     ) -> list[SessionInfo]:
         """The token's sessions, filtered; see `AsyncClient.list_sessions`."""
         return self._loop.call(
-            self._async.list_sessions(state=state, profile=profile, metadata=metadata)
+            self._async.list_sessions(
+                state=state, profile=profile, metadata=metadata, every_tenant=every_tenant
+            )
         )
 
     def close_session(self, session_id: str) -> None:
