@@ -1,8 +1,9 @@
 """A node agent: one per machine of the cluster, holding that machine's sessions.
 
 It is this node's `LocalSessionManager` (sandboxes, pools, paused sessions, snapshots),
-served to front ends over the data path (`cluster/link.py`), and, through Ray, the verbs
-that move sessions between nodes. It runs as a Ray actor pinned to its node
+served to front ends over the data path (`cluster/link.py`), with its sessions' events kept
+for them to take (`cluster/relay.py`), and, through Ray, the verbs that move sessions
+between nodes. It runs as a Ray actor pinned to its node
 (`cluster/engine.py` makes it one); nothing here imports Ray, so it is tested without.
 """
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
+from cloche.cluster.relay import EventSink, Outbox, Told
 from cloche.config import ServerConfig
 from cloche.errors import ClocheError, PathRefused, SessionLost
 from cloche.llm.bridge import SessionsLLM
@@ -87,11 +89,14 @@ def _watch_sigterm(agent: NodeAgent) -> None:
 
 class NodeFigures(Protocol):
     """What an agent reports to, when it is given one: an observer of its manager (the
-    server's Prometheus metrics) that also reads the manager's state and renders it all."""
+    server's Prometheus metrics, made with where its events go on to) that also reads the
+    manager's state and renders it all."""
 
     def watch(self, manager: LocalSessionManager) -> None: ...
 
     def render(self) -> bytes: ...
+
+    def events_dropped(self, count: int) -> None: ...
 
 
 class NodeAgent:
@@ -103,17 +108,19 @@ class NodeAgent:
         node_id: str,
         secret: str,
         host: str,
-        figures: Callable[[], NodeFigures] | None = None,
+        figures: Callable[[EventSink], NodeFigures] | None = None,
         egress_ca: tuple[bytes, bytes] | None = None,
         watch_sigterm: bool = False,
     ) -> None:
         self.config = config
         self.node_id = node_id
         self.host = host
+        # Its sessions' events, kept for the front ends to take (`events_since`).
+        self.outbox = Outbox(config.events_buffer, self._events_dropped)
         # This node's figures (the server's Prometheus metrics, given by the front end that
         # made the agent), for the front ends' /metrics; none without.
-        self.figures = figures() if figures is not None else None
-        observer = self.figures if isinstance(self.figures, Observer) else None
+        self.figures = figures(self._tell) if figures is not None else None
+        observer = self.figures if isinstance(self.figures, Observer) else Told(self._tell)
         self.egress = _node_egress(config, self.figures, egress_ca)  # this node's doors
         self.broker: Broker | None = None  # llm_query for this node's cells
         llm = None
@@ -125,7 +132,7 @@ class NodeAgent:
         )
         if self.figures is not None:
             self.figures.watch(self.manager)
-        self.server = AgentServer(node_id, secret, self._handle)
+        self.server = AgentServer(node_id, secret, self._handle, self._greeting)
         self.port = 0
         self._started: asyncio.Task[None] | None = None
         self._streams: dict[int, Any] = {}  # open streamed files, by handle
@@ -149,6 +156,25 @@ class NodeAgent:
         await self.manager.start()
         self.port = await self.server.start(self.host, self.config.cluster_agent_port)
         log.info("node agent %s serving on %s:%d", self.node_id, self.host, self.port)
+
+    def _tell(
+        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+    ) -> None:
+        """An event of this node's sessions, kept for the front ends (it never waits)."""
+        if self.leaving is not None and kind == "session.closed":
+            # Its sandbox died because the node is going: lost with its node, as its
+            # requests answer.
+            data = {**data, "end_reason": "node_lost", "why": self.leaving}
+        self.outbox.add(kind, session_id, owner_key, data)
+
+    def _events_dropped(self, count: int) -> None:
+        if self.figures is not None:
+            self.figures.events_dropped(count)
+
+    def _greeting(self) -> dict[str, Any]:
+        """What a front end is told as it connects: where its events start (after those
+        some front end has taken)."""
+        return {"events": self.outbox.taken}
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.node_id, "host": self.host, "port": self.port, "pid": os.getpid()}
@@ -174,6 +200,7 @@ class NodeAgent:
             "memory_available_bytes": memory_available_bytes(),
             "healthy": manager.healthy,
             "ended_seq": manager.ended_seq,  # sessions that expired here, counted
+            "events_dropped": self.outbox.dropped,  # before a front end took them
             "pid": os.getpid(),
         }
 
@@ -246,6 +273,12 @@ class NodeAgent:
     async def _op_ended_since(self, on_event: EventCallback, seq: int) -> dict[str, Any]:
         """Sessions that expired here since seq (idle timeout, lifetime): for the directory."""
         return {"seq": self.manager.ended_seq, "ids": self.manager.ended_since(seq)}
+
+    async def _op_events_since(
+        self, on_event: EventCallback, seq: int, limit: int, wait_s: float
+    ) -> dict[str, Any]:
+        """This node's events after number seq, for a front end's bus (a long poll)."""
+        return await self.outbox.since(seq, limit, wait_s)
 
     async def _op_holds(self, on_event: EventCallback, session_id: str) -> bool:
         """Whether this node holds the session, whoever owns it (a front end looking for it)."""

@@ -64,6 +64,10 @@ class Directory:
     def lookup(self, session_id: str) -> str | None:
         return self.sessions.get(session_id)
 
+    def nodes_of(self, session_ids: list[str]) -> dict[str, str | None]:
+        """Where each session is (None: not placed, or forgotten)."""
+        return {session_id: self.sessions.get(session_id) for session_id in session_ids}
+
     def forget(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
 

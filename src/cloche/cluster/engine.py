@@ -25,6 +25,7 @@ from typing import Any
 from cloche.cluster import ray_auth
 from cloche.cluster.agent import NodeAgent, NodeFigures
 from cloche.cluster.directory import Directory
+from cloche.cluster.relay import EventSink
 from cloche.config import MIB, ServerConfig
 from cloche.errors import ClocheError, ConfigError
 
@@ -83,7 +84,7 @@ class Engine:
     """The front end's hold on the Ray cluster."""
 
     def __init__(
-        self, config: ServerConfig, figures: Callable[[], NodeFigures] | None = None
+        self, config: ServerConfig, figures: Callable[[EventSink], NodeFigures] | None = None
     ) -> None:
         self.figures = figures  # what each node agent reports its figures to
         if not config.cluster:

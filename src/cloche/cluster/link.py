@@ -4,7 +4,7 @@ Ray carries the control (placement, discovery, health, images); cells go straigh
 agent over this link, framed as the TCP protocol is (4-byte length + JSON)::
 
     front end -> agent   {"hello": SECRET}                       once, first
-    agent -> front end   {"hello": "ok", "node": ID}
+    agent -> front end   {"hello": "ok", "node": ID, ...}         and the agent's greeting
     front end -> agent   {"id": N, "op": NAME, "args": {...}}     a request
     front end -> agent   {"id": N, "cancel": true}                the caller gave up
     agent -> front end   {"id": N, "event": {...}}                a cell's output, as it happens
@@ -61,10 +61,18 @@ def _forget(running: dict[int, asyncio.Task[None]], number: int, _: object) -> N
 class AgentServer:
     """The agent's end: answers requests from front ends that know the cluster's secret."""
 
-    def __init__(self, node_id: str, secret: str, handler: Handler) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        secret: str,
+        handler: Handler,
+        greeting: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        """greeting: what a front end is told with the hello (as the connection opens)."""
         self.node_id = node_id
         self._secret = secret
         self._handler = handler
+        self._greeting = greeting
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -94,7 +102,8 @@ class AgentServer:
             if not isinstance(offered, str) or not hmac.compare_digest(offered, self._secret):
                 log.warning("a data-path connection without the cluster's secret was refused")
                 return
-            writer.write(encode_frame({"hello": "ok", "node": self.node_id}))
+            greeting = self._greeting() if self._greeting is not None else {}
+            writer.write(encode_frame({**greeting, "hello": "ok", "node": self.node_id}))
             while (body := await read_body(reader, MAX_FRAME_BYTES)) is not None:
                 message = decode_body(body)
                 number = message.get("id")
@@ -156,6 +165,7 @@ class AgentLink:
         self._on_down = on_down
         self._on_stats = on_stats
         self.down: str | None = None  # why it went down, once it has
+        self.greeting: dict[str, Any] = {}  # what the agent said with its hello
         self._numbers = itertools.count(1)
         self._waiting: dict[int, tuple[asyncio.Future[Any], EventCallback | None]] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -172,9 +182,11 @@ class AgentLink:
             body = await asyncio.wait_for(read_body(reader, 4096), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError, ProtocolError) as exc:
             raise LinkDown(f"node {self.node_id} at {self.host}:{self.port}: {exc}") from exc
-        if body is None or decode_body(body).get("hello") != "ok":
+        hello = decode_body(body) if body is not None else {}
+        if hello.get("hello") != "ok":
             writer.close()
             raise LinkDown(f"node {self.node_id} refused the cluster's secret")
+        self.greeting = hello
         self._writer = writer
         self._tasks = [
             asyncio.create_task(self._listen(reader), name=f"link-{self.node_id}"),

@@ -4,8 +4,10 @@ cluster, reached from any front end.
 A front end holds no session. It places a new one on the node with the most headroom
 (`cluster/placement.py`), records where it went in the directory, and sends each request
 for it to that node's agent over the data path. A node whose agent stops answering is dead
-for good: its sessions say they were lost, the others go on. A drain moves a node's
-sessions (paused, their images carried by Ray's object store) to other nodes.
+for good: its sessions say they were lost (and are told closed, `node_lost`), the others go
+on. A drain moves a node's sessions (paused, their images carried by Ray's object store) to
+other nodes. Each node's session events reach this front end's observer through
+`cluster/relay.py`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.engine import Engine, RayNode
 from cloche.cluster.link import AgentLink, LinkDown
 from cloche.cluster.placement import choose
+from cloche.cluster.relay import EventSink, relay
 from cloche.config import ServerConfig
 from cloche.errors import (
     ClocheError,
@@ -58,6 +62,7 @@ AGENT_START_S = 300.0  # a node agent's start (its pools fill first)
 AGENT_STOP_S = 120.0  # a node agent pausing its sessions at the cluster's stop
 STREAM_CHUNK_BYTES = 1 << 20
 METRICS_WAIT_S = 2.0  # a node slower than this to give its figures is left out of a scrape
+LOST_WAIT_S = 5.0  # a dead node's last events, then the directory, before its losses are told
 
 
 def node_failed(session_id: str) -> SessionLost:
@@ -82,6 +87,10 @@ class Node:
     inflight: int = 0  # sessions being created there by this front end
     ended_seen: int = 0  # its expired sessions, up to this number, are out of the directory
     collecting: bool = False  # ... and more are being asked for
+    # Its sessions (paused ones too) and their owners' keys, as its events tell: those told
+    # closed with `node_lost` when it dies.
+    residents: dict[str, str | None] = field(default_factory=dict)
+    relay: asyncio.Task[None] | None = None  # taking its events to this front end's bus
 
     def event_data(self, state: str, why: str | None = None) -> dict[str, Any]:
         """What an event about this node says (`node.up`, `node.draining`, `node.dead`)."""
@@ -109,7 +118,7 @@ class ClusterSessionManager(SessionManager):
         self,
         config: ServerConfig,
         observer: Observer | None = None,
-        node_figures: Callable[[], NodeFigures] | None = None,
+        node_figures: Callable[[EventSink], NodeFigures] | None = None,
     ) -> None:
         """observer: told of this front end's events (the server's metrics); node_figures:
         makes what each node agent reports to (the same kind of metrics, per node)."""
@@ -209,6 +218,15 @@ class ClusterSessionManager(SessionManager):
             log.error("node agent %s can't be reached: %s", node.id, exc)
             return
         node.link = link
+        try:  # what it holds now; its events (from its greeting's number) tell the rest
+            for info in await link.call("sessions", {"owner": None, "every": True}):
+                node.residents[info["id"]] = info["owner_key"]
+        except (ClocheError, LinkDown) as exc:
+            log.warning("node %s did not list its sessions: %s", node.id, exc)
+        told = functools.partial(self._relayed, node)
+        node.relay = asyncio.create_task(
+            relay(link, link.greeting.get("events", 0), told), name=f"events-{node.id}"
+        )
         self.nodes[node.id] = node
         self.observer.event("node.up", None, None, node.event_data(ALIVE))
         with contextlib.suppress(ClocheError, LinkDown):
@@ -223,6 +241,45 @@ class ClusterSessionManager(SessionManager):
                 await self._discover()
             except Exception as exc:  # Ray's control plane busy: next round
                 log.warning("cluster watch: %s", exc)
+
+    def _relayed(
+        self,
+        node: Node,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+    ) -> None:
+        """An event of a node's sessions, told on as this front end's own, with the node."""
+        if session_id is not None and kind.startswith("session."):
+            if kind == "session.closed":
+                node.residents.pop(session_id, None)
+            else:
+                node.residents[session_id] = owner_key
+        self.observer.event(kind, session_id, owner_key, {**data, "node": node.id})
+
+    async def _tell_lost(self, node: Node) -> None:
+        """Tell each session of a node declared dead closed (`node_lost`), once, after the
+        node's last events; not those the directory places elsewhere now (moved by a drain)."""
+        if node.relay is not None:
+            await asyncio.wait([node.relay], timeout=LOST_WAIT_S)
+        lost, node.residents = node.residents, {}
+        if not lost:
+            return
+        try:
+            places = await asyncio.wait_for(
+                self.engine.directory.nodes_of.remote(builtins.list(lost)), LOST_WAIT_S
+            )
+        except Exception as exc:  # Ray's control plane busy: each is told lost
+            log.warning("the directory did not say where node %s's sessions are: %s", node.id, exc)
+            places = None
+        places = places or {}
+        for session_id, owner_key in lost.items():
+            if places.get(session_id) not in (None, node.id):
+                continue  # moved on to another node
+            self.observer.session_closed("lost", "node_lost")
+            data = {"end_reason": "node_lost", "reason": "lost", "node": node.id}
+            self.observer.event("session.closed", session_id, owner_key, data)
 
     def _link_down(self, link: AgentLink, why: str) -> None:
         node = self.nodes.get(link.node_id)
@@ -266,6 +323,8 @@ class ClusterSessionManager(SessionManager):
         if state != node.state:  # told as an event (GET /v1/events, webhooks)
             kind = {ALIVE: "node.up", DRAINING: "node.draining", DEAD: "node.dead"}[state]
             self.observer.event(kind, None, None, node.event_data(state, why))
+        if state == DEAD and node.state != DEAD:
+            self._in_background(self._tell_lost(node))
         node.state = state
         if state == DEAD and node.link is not None:
             node.link.close(why="declared dead")
@@ -417,6 +476,7 @@ class ClusterSessionManager(SessionManager):
             self.created += 1
             info = codec.info_in(reply["info"])
             self._where[info.id] = node.id
+            node.residents[info.id] = info.owner_key
             # Not waited for: a front end that asks before it lands asks the nodes instead.
             self._in_background(self.engine.directory.place.remote([info.id], node.id))
             return info
@@ -527,7 +587,9 @@ class ClusterSessionManager(SessionManager):
         self, session_id: str, owner: str | None = None, reason: str = "closed"
     ) -> None:
         await self._call(session_id, "close", {"owner": owner, "reason": reason})
-        self._where.pop(session_id, None)
+        node = self.nodes.get(self._where.pop(session_id, ""))
+        if node is not None:  # closed: not lost if its node dies before the event comes
+            node.residents.pop(session_id, None)
         self._in_background(self.engine.directory.forget.remote(session_id))
 
     async def install_packages(
@@ -638,6 +700,8 @@ class ClusterSessionManager(SessionManager):
         node_id = self._where[session_id]
         for copy in copies:
             self._where[copy.id] = node_id
+            if (node := self.nodes.get(node_id)) is not None:
+                node.residents[copy.id] = copy.owner_key
         await self.engine.directory.place.remote([c.id for c in copies], node_id)
         return copies
 
@@ -725,6 +789,8 @@ class ClusterSessionManager(SessionManager):
             raise
         await self.engine.directory.place.remote([session_id], target.id)
         self._where[session_id] = target.id
+        if session_id in source.residents:
+            target.residents[session_id] = source.residents.pop(session_id)
         try:  # moved: what the source does with its copy no longer changes that
             await source.handle.release_session.remote(session_id, True)
         except Exception as exc:  # the source went away meanwhile: nothing to release
@@ -746,6 +812,9 @@ class ClusterSessionManager(SessionManager):
         for node in self.nodes.values():
             if node.link is not None:
                 node.link.close("the front end stopped")
+        await asyncio.gather(
+            *(n.relay for n in self.nodes.values() if n.relay is not None), return_exceptions=True
+        )
         if self.engine.local:
             agents = [n for n in self.nodes.values() if n.state != DEAD and n.handle is not None]
             results = await asyncio.gather(

@@ -259,6 +259,17 @@ class Metrics(Observer):
             ["outcome"],
             registry=self.registry,
         )
+        # A cluster node's events that no front end took before its outbox (the last
+        # --events-buffer of them) was full.
+        self.node_events_dropped = Counter(
+            "cloche_node_events_dropped",
+            "Events of a cluster node dropped before any front end took them",
+            registry=self.registry,
+        )
+
+    def events_dropped(self, count: int) -> None:
+        """Count events a cluster node dropped before a front end took them."""
+        self.node_events_dropped.inc(count)
 
     def egress_record(self, record: dict[str, Any]) -> None:
         """Count one egress record (what `cloche.egress` writes to its audit file)."""
