@@ -163,14 +163,14 @@ async def test_a_session_of_a_profile_still_building_waits_then_gets_a_clear_503
     from cloche.errors import SandboxStartError, UnknownProfile
     from cloche.packages.profiles import ProfileCatalog, ProfileState, ProfileStatus
     from cloche.sandbox.registry import create_backend
-    from cloche.sessions import core, local
+    from cloche.sessions import local, pools
 
     config = make_config(tmp_path, backend="unsafe-local", pool_size=0)
     manager = local.LocalSessionManager(config, create_backend(config))
     catalog = ProfileCatalog([], {"bad": "profile 'bad': unknown key x"}, None, print)  # type: ignore[arg-type]
     catalog.statuses["slow"] = ProfileStatus("slow", ProfileState.BUILDING)
     manager.catalog = catalog
-    monkeypatch.setattr(core, "PROFILE_WAIT_S", 0.2)
+    monkeypatch.setattr(pools, "PROFILE_WAIT_S", 0.2)
     with pytest.raises(SandboxStartError, match="'slow' is still building"):
         await manager.create(None, "slow")
     with pytest.raises(UnknownProfile, match="unknown key x"):

@@ -25,15 +25,13 @@ from cloche.config import MIB, ServerConfig
 from cloche.errors import (
     CellNotFound,
     KernelDied,
-    SandboxStartError,
     SessionLost,
     SessionMoved,
     SessionNotFound,
-    UnknownProfile,
 )
 from cloche.packages.bridge import KernelPip, SilentRun
 from cloche.packages.installer import Installer
-from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, file_profiles
+from cloche.packages.profiles import ProfileCatalog
 from cloche.protocol.paths import normalise
 from cloche.sandbox.base import Backend
 from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
@@ -51,7 +49,7 @@ from cloche.sessions.manager import (
 )
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
-from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
+from cloche.sessions.pools import ProfilePools
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
@@ -66,7 +64,6 @@ _EXPIRED = frozenset({"idle", "lifetime"})  # ends no front end asked for
 STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
 _DIED = frozenset({"lost", "killed"})  # ends in which the sandbox died
 SETTLE_WAIT_S = 5.0  # a dead sandbox's death is told once explained, or after this
-PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
 
 class LiveSessions(SessionManager):
@@ -88,40 +85,12 @@ class LiveSessions(SessionManager):
         self.backend = backend
         self.limits = config.limits
         self.llm = llm  # llm_query for the sessions' cells, when the server has a model
-        llm_setup = llm.setup_code if llm is not None else ""  # run by every new sandbox
-        self._llm_setup = llm_setup
-        self.pools = {
-            profile.name: WarmPool(
-                backend,
-                config.limits,
-                replace(
-                    profile,
-                    preload=profile.preload + llm_setup,
-                    template=profile.template and config.data_template,
-                ),
-                size=size,
-                max_frame_bytes=config.max_frame_bytes,
-                start_concurrency=config.start_concurrency,
-                max_size=config.pool_max,
-            )
-            for profile, size in ((LEAN, config.pool_size), (DATA, config.data_pool_size))
-        }
-        self.pool = self.pools[LEAN.name]
         self.observer = observer or Observer()
         self.installer = Installer(
             config.packages, sys.executable, config.runtime_dir, self.observer
         )
-        self.catalog: ProfileCatalog | None = None  # profiles from --profiles
-        if config.profiles_file is not None:
-            self.catalog = file_profiles(
-                config.profiles_file,
-                config.limits.memory_mib,
-                self.installer.pip,
-                self.installer.cache,
-                self._profile_ready,
-            )
-        for pool in self.pools.values():
-            pool.on_start = self._sandbox_started
+        setup = llm.setup_code if llm is not None else ""  # run by every new sandbox
+        self.profile_pools = ProfilePools(config, backend, self.observer, self.installer, setup)
         self.store = Store(config.data_dir, config.data_max_mib * MIB)
         self.checkpoints = Checkpoints(self.store, backend, config.limits, config.max_frame_bytes)
         self._sessions: dict[str, Session] = {}
@@ -147,59 +116,34 @@ class LiveSessions(SessionManager):
         self.created = 0
         self._stopped = False
 
-    async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
-        if profile in self.pools:
-            await self.pools[profile].wait_full(timeout_s)
+    @property
+    def pools(self) -> dict[str, WarmPool]:
+        """The warm pool of each profile, by name."""
+        return self.profile_pools.by_name
 
-    def _profile_ready(self, status: ProfileStatus) -> None:
-        """A profile of the file has its runtime: start its pool."""
-        spec = status.spec
-        assert spec is not None
-        limits = self.limits
-        if spec.memory_mib is not None:
-            limits = replace(limits, memory_mib=spec.memory_mib)
-        profile = Profile(
-            spec.name, preload=spec.preload_code + self._llm_setup, runtime_dir=status.runtime_dir
-        )
-        pool = WarmPool(
-            self.backend,
-            limits,
-            profile,
-            size=spec.pool,
-            max_frame_bytes=self.config.max_frame_bytes,
-            start_concurrency=self.config.start_concurrency,
-        )
-        pool.on_start = self._sandbox_started
-        self.pools[spec.name] = pool
-        if not self._stopped:
-            pool.start()
+    @property
+    def pool(self) -> WarmPool:
+        """The lean profile's pool."""
+        return self.profile_pools.lean
+
+    @property
+    def catalog(self) -> ProfileCatalog | None:
+        """The profiles of --profiles, if any."""
+        return self.profile_pools.catalog
+
+    @catalog.setter
+    def catalog(self, catalog: ProfileCatalog | None) -> None:
+        self.profile_pools.catalog = catalog
+
+    async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
+        await self.profile_pools.wait_ready(profile, timeout_s)
 
     async def _pool(self, name: str) -> WarmPool:
-        """The pool of a profile; one of the file waits while it builds (up to a limit)."""
-        if name in self.pools:
-            return self.pools[name]
-        status = None
-        if self.catalog is not None:
-            try:
-                status = await self.catalog.wait(name, PROFILE_WAIT_S)
-            except TimeoutError:
-                raise SandboxStartError(
-                    f"profile {name!r} is still building its runtime; try again shortly "
-                    "(GET /v1/profiles shows its state)"
-                ) from None
-        if status is not None and name not in self.pools:
-            raise UnknownProfile(status.error or f"profile {name!r} can't serve")
-        return self.pools.get(name) or self.pools[get_profile(name).name]
+        return await self.profile_pools.get(name)
 
     def profiles(self) -> list[dict[str, Any]]:
         """Every profile with its state and packages (blocking: reads runtimes' listings)."""
-        return describe(self.catalog, self.config.runtime_dir)
-
-    def _sandbox_started(self, profile: str, seconds: float, ok: bool) -> None:
-        if ok:
-            self.observer.sandbox_started(profile, seconds)
-        else:
-            self.observer.sandbox_start_failed(profile)
+        return self.profile_pools.describe()
 
     @property
     def metrics(self) -> Observer:
@@ -319,9 +263,7 @@ class LiveSessions(SessionManager):
         return History(self.config.history_cells)
 
     def _runtime_of(self, profile: str) -> Path | None:
-        """The runtime a profile's sandboxes mount instead of the server's, if any."""
-        pool = self.pools.get(profile)
-        return pool.profile.runtime_dir if pool is not None else None
+        return self.profile_pools.runtime_of(profile)
 
     def _record(
         self, session: Session, state: RecordState, origin: str = "", paused_for: str = ""

@@ -45,13 +45,10 @@ class LocalSessionManager(MovableSessions):
             data = {"end_reason": "server_crashed", "reason": "lost"}
             self.observer.event("session.closed", record.id, record.owner_key, data)
         await asyncio.to_thread(self.installer.prepare)
-        for pool in self.pools.values():
-            pool.start()
+        self.profile_pools.start()
         self._reaper = asyncio.create_task(self._reap(), name="cloche-reaper")
         if self.config.resume_at_start and self.backend.can_checkpoint:
             self._in_background(self._resume_eagerly(resumable))
-        if self.catalog is not None:
-            self.catalog.start()
 
     def _load(self) -> tuple[builtins.list[SessionRecord], builtins.list[Session]]:
         """Take over what a previous server left in the data directory (blocking): the
@@ -118,8 +115,7 @@ class LocalSessionManager(MovableSessions):
         """Pause every live session to disk (a few at a time; running cells interrupted
         first), then free every sandbox. A session that can't be saved is closed."""
         self._stopped = True
-        if self.catalog is not None:
-            await self.catalog.stop()
+        await self.profile_pools.stop_building()
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
@@ -140,7 +136,7 @@ class LocalSessionManager(MovableSessions):
                     await self._close(session, "shutdown")
 
         await asyncio.gather(
-            *(pool.close() for pool in self.pools.values()),
+            self.profile_pools.close(),
             *(keep(s) for s in live),
             return_exceptions=True,
         )
