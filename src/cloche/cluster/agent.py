@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cloche.cluster import codec
 from cloche.cluster.link import AgentServer
 from cloche.cluster.relay import EventSink, Outbox, Told
+from cloche.cluster.tls import AgentTLS
 from cloche.config import ServerConfig
 from cloche.errors import ClocheError, PathRefused, SessionLost
 from cloche.llm.bridge import SessionsLLM
@@ -111,6 +112,7 @@ class NodeAgent:
         figures: Callable[[EventSink], NodeFigures] | None = None,
         egress_ca: tuple[bytes, bytes] | None = None,
         watch_sigterm: bool = False,
+        tls: AgentTLS | None = None,
     ) -> None:
         self.config = config
         self.node_id = node_id
@@ -132,7 +134,9 @@ class NodeAgent:
         )
         if self.figures is not None:
             self.figures.watch(self.manager)
-        self.server = AgentServer(node_id, secret, self._handle, self._greeting)
+        # The data path's mutual TLS (None only where a test serves it on loopback in clear).
+        context = tls.server_context() if tls is not None else None
+        self.server = AgentServer(node_id, secret, self._handle, self._greeting, tls=context)
         self.port = 0
         self._started: asyncio.Task[None] | None = None
         self._streams: dict[int, Any] = {}  # open streamed files, by handle

@@ -25,6 +25,7 @@ class Directory:
         self.sessions: dict[str, str] = {}
         self.snapshots: dict[str, str] = {}
         self.egress_ca: tuple[bytes, bytes] | None = None
+        self.data_ca: tuple[bytes, bytes] | None = None
 
     def cluster_secret(self) -> str:
         return self.secret
@@ -37,6 +38,15 @@ class Directory:
 
             self.egress_ca = make_ca()
         return self.egress_ca
+
+    def data_path_ca(self) -> tuple[bytes, bytes]:
+        """The CA of the data path's mutual TLS (`cluster/tls.py`): front ends hold it and
+        issue certificates with it; made when first asked for."""
+        if self.data_ca is None:
+            from cloche.cluster.tls import make_ca
+
+            self.data_ca = make_ca()
+        return self.data_ca
 
     def pid(self) -> int:
         """Its process (waited for when a local cluster stops)."""

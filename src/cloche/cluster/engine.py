@@ -26,6 +26,7 @@ from cloche.cluster import ray_auth
 from cloche.cluster.agent import NodeAgent, NodeFigures
 from cloche.cluster.directory import Directory
 from cloche.cluster.relay import EventSink
+from cloche.cluster.tls import AgentTLS
 from cloche.config import MIB, ServerConfig
 from cloche.errors import ClocheError, ConfigError
 
@@ -241,15 +242,24 @@ class Engine:
         ]
         return [RayNode(n["NodeID"], n["NodeManagerAddress"], i) for i, n in enumerate(found)]
 
-    def agent(self, node: RayNode, secret: str, egress_ca: tuple[bytes, bytes] | None) -> Any:
+    def agent(
+        self,
+        node: RayNode,
+        secret: str,
+        egress_ca: tuple[bytes, bytes] | None,
+        data_ca: tuple[bytes, bytes],
+    ) -> Any:
         """The node agent actor of a node, made if there is none (its `start` says its id);
-        egress_ca: the cluster's interception CA, when sessions may carry secrets."""
+        egress_ca: the cluster's interception CA, when sessions may carry secrets; data_ca:
+        the data path's, which issues the agent its certificate (the agent never sees the
+        CA's key)."""
         _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         config = self.node_config(node)
         # A new agent on a node whose agent died gets a new id: the old one's sessions stay lost.
         node_id = f"{node.ray_id[:12]}-{secrets.token_hex(3)}"
+        tls = AgentTLS.issue(data_ca, node_id, node.ip)
         handle = self._agent_class.options(
             name=f"cloche-agent-{node.ray_id}",
             lifetime="detached",
@@ -258,7 +268,9 @@ class Engine:
             max_concurrency=100_000,
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_id, soft=False),
-        ).remote(config, node_id, secret, node.ip, self.figures, egress_ca, watch_sigterm=True)
+        ).remote(
+            config, node_id, secret, node.ip, self.figures, egress_ca, watch_sigterm=True, tls=tls
+        )
         return handle
 
     def node_config(self, node: RayNode) -> ServerConfig:

@@ -24,10 +24,12 @@ import hmac
 import itertools
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cloche.cluster import codec
+from cloche.cluster.tls import node_name
 from cloche.errors import ClocheError, ProtocolError
 from cloche.protocol.framing import decode_body, encode_frame, read_body
 from cloche.sessions.kernel import EventCallback
@@ -67,9 +69,13 @@ class AgentServer:
         secret: str,
         handler: Handler,
         greeting: Callable[[], dict[str, Any]] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """greeting: what a front end is told with the hello (as the connection opens)."""
+        """greeting: what a front end is told with the hello (as the connection opens).
+        tls: the agent's side of mutual TLS (`cluster.tls.AgentTLS`); None only in unit
+        tests of the framing."""
         self.node_id = node_id
+        self._tls = tls
         self._secret = secret
         self._handler = handler
         self._greeting = greeting
@@ -78,7 +84,13 @@ class AgentServer:
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(
-            self._serve, host, port, limit=1 << 20, reuse_address=True
+            self._serve,
+            host,
+            port,
+            limit=1 << 20,
+            reuse_address=True,
+            ssl=self._tls,
+            ssl_handshake_timeout=CONNECT_TIMEOUT_S if self._tls is not None else None,
         )
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
@@ -118,6 +130,10 @@ class AgentServer:
                 request.add_done_callback(functools.partial(_forget, running, number))
         except (ProtocolError, OSError, TimeoutError) as exc:
             log.info("data-path connection closed: %s", exc)
+        except asyncio.CancelledError:
+            # The server is closing (`close`): ended here, as asyncio's streams would
+            # otherwise log the cancelled connection task as an error.
+            pass
         finally:
             for request in running.values():
                 request.cancel()  # the front end went away: its cells are given up
@@ -157,8 +173,12 @@ class AgentLink:
         secret: str,
         on_down: Callable[[AgentLink, str], None],
         on_stats: Callable[[AgentLink, dict[str, Any]], None],
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """tls: the front end's side of mutual TLS (`cluster.tls.front_end_context`): the
+        agent must show the certificate of node_id. None only in unit tests."""
         self.node_id = node_id
+        self._tls = tls
         self.host = host
         self.port = port
         self._secret = secret
@@ -174,13 +194,17 @@ class AgentLink:
     async def connect(self) -> None:
         """Open the connection and start listening and heartbeating. Raises LinkDown."""
         try:
+            secure: dict[str, Any] = {}
+            if self._tls is not None:
+                secure = {"ssl": self._tls, "server_hostname": node_name(self.node_id)}
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=1 << 20), CONNECT_TIMEOUT_S
+                asyncio.open_connection(self.host, self.port, limit=1 << 20, **secure),
+                CONNECT_TIMEOUT_S,
             )
             _no_delay(writer)
             writer.write(encode_frame({"hello": self._secret}))
             body = await asyncio.wait_for(read_body(reader, 4096), CONNECT_TIMEOUT_S)
-        except (OSError, TimeoutError, ProtocolError) as exc:
+        except (OSError, TimeoutError, ProtocolError) as exc:  # ssl.SSLError is an OSError
             raise LinkDown(f"node {self.node_id} at {self.host}:{self.port}: {exc}") from exc
         hello = decode_body(body) if body is not None else {}
         if hello.get("hello") != "ok":

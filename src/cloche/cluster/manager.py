@@ -17,6 +17,7 @@ import builtins
 import contextlib
 import functools
 import logging
+import ssl
 from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from cloche.cluster.engine import Engine, RayNode
 from cloche.cluster.link import AgentLink, LinkDown
 from cloche.cluster.placement import choose
 from cloche.cluster.relay import EventSink, relay
+from cloche.cluster.tls import front_end_context
 from cloche.config import ServerConfig
 from cloche.errors import (
     ClocheError,
@@ -129,6 +131,9 @@ class ClusterSessionManager(SessionManager):
         self._where: dict[str, str] = {}  # session id -> node id, as learnt
         self._secret = ""
         self._egress_ca: tuple[bytes, bytes] | None = None  # with --secrets: the nodes' CA
+        # The data path's CA (mutual TLS with the agents) and this front end's side of it.
+        self._data_ca: tuple[bytes, bytes] = (b"", b"")
+        self._tls: ssl.SSLContext | None = None
         self._directory_pid: int | None = None
         self._profiles: builtins.list[dict[str, Any]] = []
         self._watcher: asyncio.Task[None] | None = None
@@ -144,6 +149,8 @@ class ClusterSessionManager(SessionManager):
         await asyncio.to_thread(self.engine.open)
         try:
             self._secret = await self.engine.directory.cluster_secret.remote()
+            self._data_ca = await self.engine.directory.data_path_ca.remote()
+            self._tls = front_end_context(self._data_ca)
             self._directory_pid = await self.engine.directory.pid.remote()
             if self.config.egress_secrets is not None:
                 self._egress_ca = await self.engine.directory.interception_ca.remote()
@@ -188,7 +195,9 @@ class ClusterSessionManager(SessionManager):
                 )  # fmt: skip
 
     async def _join(self, ray_node: RayNode) -> None:
-        handle = await asyncio.to_thread(self.engine.agent, ray_node, self._secret, self._egress_ca)
+        handle = await asyncio.to_thread(
+            self.engine.agent, ray_node, self._secret, self._egress_ca, self._data_ca
+        )
         try:
             described = await asyncio.wait_for(handle.start.remote(), AGENT_START_S)
         except Exception as exc:  # a node that can't run sandboxes: the others serve
@@ -210,7 +219,13 @@ class ClusterSessionManager(SessionManager):
         for snapshot_id in snapshot_ids:
             await self.engine.directory.place_snapshot.remote(snapshot_id, node.id)
         link = AgentLink(
-            node.id, node.host, node.port, self._secret, self._link_down, self._link_stats
+            node.id,
+            node.host,
+            node.port,
+            self._secret,
+            self._link_down,
+            self._link_stats,
+            tls=self._tls,
         )
         try:
             await link.connect()
