@@ -214,6 +214,13 @@ SERVE_OPTIONS = (
         "a remote one, from inside its network",
     ),
     _Option(
+        "--node-grace",
+        float,
+        _config.node_grace_s,
+        "seconds a drain moves a node's sessions at most (a pod leaving: its preStop runs "
+        "`cloche nodes leave`); what is left is reported failed. Fits Kubernetes' 30 s",
+    ),
+    _Option(
         "--cluster-agent-port",
         int,
         _config.cluster_agent_port,
@@ -510,6 +517,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         egress_secrets=args.secrets,
         cluster=args.cluster,
         cluster_agent_port=args.cluster_agent_port,
+        node_grace_s=args.node_grace,
         cluster_insecure=args.cluster_insecure,
         events_buffer=args.events_buffer,
         webhooks=tuple(args.webhook),

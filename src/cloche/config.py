@@ -157,6 +157,9 @@ class ServerConfig:
     # None: in this process
     cluster: str | None = None
     cluster_agent_port: int = 7100  # each node agent's data path (0: any free port)
+    # A drain (a node's pod leaving: its preStop) moves sessions for this long at most; what
+    # is left is reported failed. Fits Kubernetes' default grace of 30 s.
+    node_grace_s: float = 25.0
     # Join a Ray cluster that does not enforce token authentication (with a warning).
     cluster_insecure: bool = False
     # Events (GET /v1/events, webhooks): the last this many are kept for Last-Event-ID,

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -333,6 +334,44 @@ def test_the_cluster_view_needs_a_token_and_a_single_server_has_none(cluster) ->
         "memory_available_bytes",
         "pid",
     }
+
+
+def test_the_cli_lists_drains_within_a_grace_and_resumes_nodes(cluster) -> None:
+    """`cloche nodes`, as an operator (or a pod's preStop) would run it."""
+    cli = Path(sys.executable).parent / "cloche"
+    env = {
+        **os.environ,
+        "CLOCHE_URL": f"http://127.0.0.1:{cluster.http_port}",
+        "CLOCHE_TOKEN": ALPHA,
+    }
+
+    def cloche(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(cli), "nodes", *argv], capture_output=True, text=True, env=env, timeout=120
+        )
+
+    with client(cluster) as http:
+        session = new_session(http)
+        wait_for(lambda: held(http) >= 1, "a session held by a live node")
+        listed = cloche("list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        alive = [n for n in json.loads(listed.stdout)["nodes"] if n["state"] == "alive"]
+        where = max(alive, key=lambda n: n["sessions"] + n["paused"])
+        # A grace too short for any move: its sessions stay, each said so, state kept.
+        drained = cloche("drain", where["id"], "--grace", "0.001", "--json")
+        assert drained.returncode == 0, drained.stderr
+        report = json.loads(drained.stdout)
+        assert report["moved"] == 0 and report["failed"], report
+        assert all("grace" in why for why in report["why"].values()), report
+        assert nodes(http)[where["id"]]["state"] == "draining"
+        resumed = cloche("resume", where["id"])
+        assert resumed.returncode == 0 and "alive" in resumed.stdout, resumed.stderr
+        assert run(http, session, "1 + 1") == 2
+    # Both local nodes are at 127.0.0.1: a leave by address must name one by id.
+    ambiguous = cloche("leave", "--address", "127.0.0.1")
+    assert ambiguous.returncode != 0 and "name one by its id" in ambiguous.stderr
+    user = cloche("list", "--token", BETA)
+    assert user.returncode != 0 and "admin" in user.stderr
 
 
 def test_a_local_cluster_restarted_on_its_data_dir_has_its_sessions_back(tmp_path) -> None:

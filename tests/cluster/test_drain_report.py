@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cloche.cluster.directory import ALIVE, DRAINING
 from cloche.cluster.manager import ClusterSessionManager, Node
+from cloche.errors import NodeNotFound
 from support import make_config
 
 
@@ -90,3 +93,39 @@ async def test_a_session_that_could_not_be_adopted_is_failed_with_why(tmp_path: 
     report = await manager.drain("a")
     assert report["moved"] == 0 and report["failed"] == ["s1"]
     assert report["why"] == {"s1": "no room for its image"}
+
+
+async def test_a_drain_stops_moving_at_its_grace_and_says_what_stayed(tmp_path: Path) -> None:
+    source = Agent(
+        held=Call((["s1", "s2"], ["snap"])),
+        export_session=Split(("raw", "image")),
+        release_session=Call(),
+    )
+    target = Agent(adopt_session=Call())
+    manager = ClusterSessionManager(make_config(tmp_path, cluster="local:2", node_grace_s=0.0))
+    manager.engine.directory = Directory()
+    manager.nodes = {"a": node("a", source), "b": node("b", target)}
+    report = await manager.drain("a")  # the server's --node-grace: 0 here
+    assert report["moved"] == 0 and report["failed"] == ["s1", "s2"]
+    assert report["why"]["s1"] == "not moved within the drain's grace of 0 s"
+    assert report["snapshots"] == 0 and report["snapshots_left"] == 1
+
+
+async def test_a_node_is_drained_by_its_address_when_it_alone_is_there(tmp_path: Path) -> None:
+    source = Agent(
+        held=Call((["s1"], [])),
+        export_session=Split(("raw", "image")),
+        release_session=Call(),
+    )
+    manager = ClusterSessionManager(make_config(tmp_path, cluster="local:2"))
+    manager.engine.directory = Directory()
+    there = node("a", source)
+    there.host = "10.0.0.7"
+    manager.nodes = {"a": there, "b": node("b", Agent(adopt_session=Call()))}
+    report = await manager.drain("10.0.0.7", grace_s=30)
+    assert report["node"] == "a" and report["moved"] == 1
+    manager.nodes["b"].host = "10.0.0.7"
+    with pytest.raises(NodeNotFound, match="2 nodes are at 10.0.0.7"):
+        await manager.drain("10.0.0.7")
+    with pytest.raises(NodeNotFound, match="not found"):
+        await manager.drain("10.0.0.9")

@@ -199,7 +199,11 @@ def test_tokens_and_the_llm_key_come_from_the_secret(head, worker) -> None:
     secret = load(REPO / "deploy" / "kubernetes" / "secret.example.yaml")
     head_env = {item["name"]: item for item in container(head)["env"]}
     assert head_env["CLOCHE_HOST"]["value"] == "0.0.0.0"
-    wanted = {"CLOCHE_TOKEN": "tokens", "CLOCHE_LLM_API_KEY": "llm-api-key"}
+    wanted = {
+        "CLOCHE_TOKEN": "tokens",
+        "CLOCHE_ADMIN_TOKEN": "admin-token",
+        "CLOCHE_LLM_API_KEY": "llm-api-key",
+    }
     for name, key in wanted.items():
         assert head_env[name]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
         assert head_env[name]["valueFrom"]["secretKeyRef"]["key"] == key
@@ -701,3 +705,23 @@ def test_the_head_stops_its_front_end_then_ray_on_sigterm(pods) -> None:
         ["docker", "logs", pods.head], capture_output=True, text=True, timeout=60, check=False
     )
     assert "front end stand-in: joined Ray" in logs.stdout + logs.stderr
+
+
+def test_a_leaving_worker_drains_its_node_within_kubernetes_grace(worker) -> None:
+    """The preStop asks the front end to drain this node (by its pod IP) with the admin's
+    token from a file the agent's environment does not carry, within the pod's grace."""
+    spec = worker["template"]["spec"]
+    box = container(worker)
+    assert spec["terminationGracePeriodSeconds"] == 30
+    command = " ".join(box["lifecycle"]["preStop"]["exec"]["command"])
+    assert "cloche nodes leave --url http://cloche:8080 --grace 25" in command
+    assert "/etc/cloche/admin-token" in command
+    env = {item["name"]: item for item in box["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "CLOCHE_ADMIN_TOKEN" not in env and "CLOCHE_TOKEN" not in env
+    mounts = {m["name"]: m for m in box["volumeMounts"]}
+    assert mounts["admin-token"]["mountPath"] == "/etc/cloche" and mounts["admin-token"]["readOnly"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["admin-token"]["secret"]["items"] == [
+        {"key": "admin-token", "path": "admin-token"}
+    ]

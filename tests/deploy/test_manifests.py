@@ -141,12 +141,12 @@ def test_the_data_dir_is_a_stable_volume(manifests, container) -> None:
 def test_tokens_and_the_llm_key_come_from_a_secret(container) -> None:
     env = {item["name"]: item for item in container["env"]}
     assert env["CLOCHE_HOST"]["value"] == "0.0.0.0"
-    for name in ("CLOCHE_TOKEN", "CLOCHE_LLM_API_KEY"):
+    names = ("CLOCHE_TOKEN", "CLOCHE_ADMIN_TOKEN", "CLOCHE_LLM_API_KEY")
+    for name in names:
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "cloche"
     secret = load(KUBERNETES / "secret.example.yaml")
     assert set(secret["stringData"]) == {
-        env[name]["valueFrom"]["secretKeyRef"]["key"]
-        for name in ("CLOCHE_TOKEN", "CLOCHE_LLM_API_KEY")
+        env[name]["valueFrom"]["secretKeyRef"]["key"] for name in names
     }
 
 

@@ -293,6 +293,36 @@ class AsyncClient:
             "DELETE", f"/v1/sessions/{quote(session_id, safe='')}", session_id=session_id
         )
 
+    # -- a cluster's nodes (an admin's token) ---------------------------------------------
+
+    async def cluster(self) -> dict[str, Any]:
+        """A cluster-mode server's nodes (`GET /v1/cluster`). Raises Forbidden for a user's
+        token, NodeNotFound on a single server."""
+        response = await self._request("GET", "/v1/cluster")
+        view: dict[str, Any] = response.json()
+        return view
+
+    async def drain_node(self, node: str, grace_s: float | None = None) -> dict[str, Any]:
+        """Move a node's sessions and snapshots to the others (node: its id, or its
+        address), for grace_s at most (default the server's --node-grace); the report
+        {node, moved, failed, why, snapshots, snapshots_left}."""
+        params = {"grace_s": grace_s} if grace_s is not None else {}
+        wait = (grace_s or 25.0) + max(self.timeout_s, 60.0)  # the drain answers when done
+        response = await self._request(
+            "POST",
+            f"/v1/cluster/nodes/{quote(node, safe='')}/drain",
+            params=params,
+            timeout=wait,
+        )
+        report: dict[str, Any] = response.json()
+        return report
+
+    async def resume_node(self, node: str) -> dict[str, Any]:
+        """Return a draining node to service."""
+        response = await self._request("POST", f"/v1/cluster/nodes/{quote(node, safe='')}/resume")
+        answer: dict[str, Any] = response.json()
+        return answer
+
     async def list_snapshots(self) -> list[SnapshotInfo]:
         """The snapshots of this client's token, oldest first."""
         response = await self._request("GET", "/v1/snapshots")

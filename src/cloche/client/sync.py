@@ -123,6 +123,18 @@ class Client:
         )
         return Session(self._loop, created)
 
+    def cluster(self) -> dict[str, Any]:
+        """See `AsyncClient.cluster`."""
+        return self._loop.call(self._async.cluster())
+
+    def drain_node(self, node: str, grace_s: float | None = None) -> dict[str, Any]:
+        """See `AsyncClient.drain_node`."""
+        return self._loop.call(self._async.drain_node(node, grace_s))
+
+    def resume_node(self, node: str) -> dict[str, Any]:
+        """See `AsyncClient.resume_node`."""
+        return self._loop.call(self._async.resume_node(node))
+
     def list_snapshots(self) -> list[SnapshotInfo]:
         return self._loop.call(self._async.list_snapshots())
 

@@ -728,20 +728,27 @@ class ClusterSessionManager(SessionManager):
 
     # -- drain -------------------------------------------------------------------------------
 
-    async def drain(self, node_id: str) -> dict[str, Any]:
+    async def drain(self, node_id: str, grace_s: float | None = None) -> dict[str, Any]:
         """Move every session and snapshot of a node to the others; it takes no new ones.
+        node_id may be the node's address instead (a pod's preStop knows its IP). Moves
+        stop after grace_s (default --node-grace): what was not moved by then is reported
+        failed, with why.
 
         Raises:
-            NodeNotFound: no live node of that id.
+            NodeNotFound: no live node of that id (or address, or more than one there).
         """
-        node = self.nodes.get(node_id)
-        if node is None or node.state == DEAD:
-            raise NodeNotFound(f"Node {node_id} not found, or dead")
+        node = self._node_named(node_id)
+        grace = self.config.node_grace_s if grace_s is None else grace_s
+        deadline = asyncio.get_running_loop().time() + grace
         self._set_state(node, DRAINING, tell=False)
         await self.engine.directory.set_state.remote(node.id, DRAINING)  # others stop too
         session_ids, snapshot_ids = await node.handle.held.remote()
         moved, failed, why = 0, [], {}
         for session_id in session_ids:
+            if asyncio.get_running_loop().time() >= deadline:
+                failed.append(session_id)
+                why[session_id] = f"not moved within the drain's grace of {grace:g} s"
+                continue
             try:
                 await self._move(node, session_id)
                 moved += 1
@@ -752,7 +759,7 @@ class ClusterSessionManager(SessionManager):
         copied = 0
         for snapshot_id in snapshot_ids:
             target = choose(self._alive(), "lean")
-            if target is None:
+            if target is None or asyncio.get_running_loop().time() >= deadline:
                 break
             try:
                 await self._copy_snapshot(node, target, snapshot_id)
@@ -767,7 +774,22 @@ class ClusterSessionManager(SessionManager):
             "failed": failed,
             "why": why,
             "snapshots": copied,
+            "snapshots_left": len(snapshot_ids) - copied,
         }
+
+    def _node_named(self, name: str) -> Node:
+        """The live node of an id, or the one live node at an address."""
+        node = self.nodes.get(name)
+        if node is None:
+            there = [n for n in self.nodes.values() if n.host == name and n.state != DEAD]
+            if len(there) > 1:
+                raise NodeNotFound(
+                    f"{len(there)} nodes are at {name}: name one by its id (GET /v1/cluster)"
+                )
+            node = there[0] if there else None
+        if node is None or node.state == DEAD:
+            raise NodeNotFound(f"Node {name} not found, or dead")
+        return node
 
     async def undrain(self, node_id: str) -> dict[str, Any]:
         """Return a draining node to service: new sessions may go to it again.

@@ -360,8 +360,9 @@ class SessionManager(abc.ABC):
         """GET /v1/cluster: the Ray cluster's address and its nodes; None on one machine."""
         return None
 
-    async def drain(self, node_id: str) -> dict[str, Any]:
-        """Move a node's sessions to the other nodes. Raises NodeNotFound."""
+    async def drain(self, node_id: str, grace_s: float | None = None) -> dict[str, Any]:
+        """Move a node's sessions to the other nodes, for at most grace_s (default
+        --node-grace); node_id may be its address. Raises NodeNotFound."""
         raise NodeNotFound("this server is not a cluster (start it with --cluster)")
 
     async def undrain(self, node_id: str) -> dict[str, Any]:

@@ -464,8 +464,8 @@ class QuotaGate(SessionManager):
     def cluster_view(self) -> dict[str, Any] | None:
         return self.inner.cluster_view()
 
-    async def drain(self, node_id: str) -> dict[str, Any]:
-        return await self.inner.drain(node_id)
+    async def drain(self, node_id: str, grace_s: float | None = None) -> dict[str, Any]:
+        return await self.inner.drain(node_id, grace_s)
 
     async def undrain(self, node_id: str) -> dict[str, Any]:
         return await self.inner.undrain(node_id)

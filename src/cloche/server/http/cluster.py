@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 
 from cloche.errors import NodeNotFound
@@ -42,6 +42,7 @@ class DrainOut(BaseModel):
     failed: list[str]  # sessions that stayed (paused) on the node
     why: dict[str, str] = {}  # each failed session's reason
     snapshots: int  # snapshots copied to other nodes
+    snapshots_left: int = 0  # snapshots that stayed on it (no room, or the grace ran out)
 
 
 class UndrainOut(BaseModel):
@@ -74,10 +75,18 @@ async def cluster(
 async def drain(
     node_id: str,
     request: Request,
+    grace_s: float | None = Query(
+        None,
+        gt=0,
+        le=3600,
+        description="Move sessions for this long at most (default --node-grace); what is "
+        "left is reported failed, with why",
+    ),
     caller: Caller = Depends(caller_of),  # noqa: B008
 ) -> dict[str, Any]:
+    """`node_id` may be the node's address (a leaving pod's preStop knows its IP)."""
     require_admin(caller, "drain a node")
-    return await _manager(request).drain(node_id)
+    return await _manager(request).drain(node_id, grace_s)
 
 
 @router.post(
