@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 import json
 import threading
 import time
@@ -920,3 +921,46 @@ def test_http_is_parsed_by_httptools(small):
     assert small.server.http.server.config.http_protocol_class is HttpToolsProtocol
     with client_of(small) as http:
         assert http.get("/health").status_code == 200
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory since the last `_reset_peak_rss`."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def _reset_peak_rss() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak starts again from now
+
+
+def test_a_large_file_crosses_both_ways_in_pieces_and_memory_stays_flat(http, session):
+    """192 MiB up (a chunked body) and down (read as it comes): the server (in this process,
+    and on a cluster its front end too) holds pieces, never the file."""
+    mib = 1 << 20
+    pieces = 192
+    expected = hashlib.sha256()
+    for index in range(pieces):
+        expected.update(bytes([index % 251]) * mib)
+
+    def body() -> Iterator[bytes]:
+        for index in range(pieces):
+            yield bytes([index % 251]) * mib
+
+    _reset_peak_rss()
+    before = _peak_rss_bytes()
+    put = http.put(f"/v1/sessions/{session}/files/big.bin", content=body(), timeout=300)
+    assert put.status_code == 204, put.text
+    digest, got = hashlib.sha256(), 0
+    with http.stream("GET", f"/v1/sessions/{session}/files/big.bin", timeout=300) as response:
+        assert response.status_code == 200
+        assert response.headers["content-length"] == str(pieces * mib)
+        for chunk in response.iter_bytes():
+            digest.update(chunk)
+            got += len(chunk)
+    assert got == pieces * mib and digest.hexdigest() == expected.hexdigest()
+    grown = _peak_rss_bytes() - before
+    assert grown < 64 * mib, f"the peak grew {grown / mib:.0f} MiB for a {pieces} MiB file"
+    missing = http.get(f"/v1/sessions/{session}/files/nothing.bin")
+    assert missing.status_code == 404 and "no such file" in missing.text

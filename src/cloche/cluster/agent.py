@@ -16,7 +16,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from cloche.egress.service import Egress
 
 log = logging.getLogger("cloche.cluster")
+MAX_OPEN_READS = 64  # files being read through the data path at once, per node
 
 
 def memory_available_bytes() -> int:
@@ -140,6 +141,7 @@ class NodeAgent:
         self.port = 0
         self._started: asyncio.Task[None] | None = None
         self._streams: dict[int, Any] = {}  # open streamed files, by handle
+        self._reads: dict[int, AsyncGenerator[bytes, None]] = {}  # files being read, by handle
         self._stream_numbers = itertools.count(1)
         self._seq = itertools.count(1)
         # Why this node is going away (its process got SIGTERM), once it is: its sandboxes
@@ -463,6 +465,34 @@ class NodeAgent:
             raise PathRefused("", f"no streamed file {handle}")
         found: tuple[asyncio.Queue[bytes | None], asyncio.Task[int]] = self._streams[handle]
         return found
+
+    async def _op_read_open(
+        self, on_event: EventCallback, session_id: str, path: str, owner: str | None
+    ) -> dict[str, int]:
+        """A file to be read in pieces (`read_piece`, until one is empty); its size."""
+        if len(self._reads) >= MAX_OPEN_READS:  # forgotten by front ends that went away
+            oldest = next(iter(self._reads))
+            await self._reads.pop(oldest).aclose()
+        size, pieces = await self.manager.read_stream(session_id, path, owner)
+        handle = next(self._stream_numbers)
+        self._reads[handle] = pieces
+        return {"handle": handle, "size": size}
+
+    async def _op_read_piece(self, on_event: EventCallback, handle: int) -> str:
+        """The next piece of an opened file, base64; "" at its end (then it is closed)."""
+        pieces = self._reads.get(handle)
+        if pieces is None:
+            raise PathRefused("", f"no file opened for reading as {handle}")
+        try:
+            return codec.bytes_out(await anext(pieces))
+        except StopAsyncIteration:
+            del self._reads[handle]
+            return ""
+
+    async def _op_read_close(self, on_event: EventCallback, handle: int) -> None:
+        pieces = self._reads.pop(handle, None)
+        if pieces is not None:
+            await pieces.aclose()
 
     async def _op_install_packages(
         self, on_event: EventCallback, session_id: str, specs: list[str], owner: str | None

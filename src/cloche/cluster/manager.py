@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import AsyncIterable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -623,6 +623,29 @@ class ClusterSessionManager(SessionManager):
     async def read_file(self, session_id: str, path: str, owner: str | None = None) -> bytes:
         raw = await self._call(session_id, "read_file", {"path": path, "owner": owner})
         return codec.bytes_in(raw)
+
+    async def read_stream(
+        self, session_id: str, path: str, owner: str | None = None
+    ) -> tuple[int, AsyncGenerator[bytes, None]]:
+        opened = await self._call(session_id, "read_open", {"path": path, "owner": owner})
+        node = await self._node_of(session_id)
+        assert node.link is not None
+        link, handle = node.link, opened["handle"]
+
+        async def pieces() -> AsyncGenerator[bytes, None]:
+            finished = False
+            try:
+                while piece := codec.bytes_in(await link.call("read_piece", {"handle": handle})):
+                    yield piece
+                finished = True
+            except LinkDown:
+                raise node_failed(session_id) from None
+            finally:
+                if not finished:  # given up before the end: the node closes it now
+                    with contextlib.suppress(ClocheError, LinkDown):
+                        await link.call("read_close", {"handle": handle})
+
+        return int(opened["size"]), pieces()
 
     async def write_files(
         self, session_id: str, files: Sequence[tuple[str, bytes]], owner: str | None = None

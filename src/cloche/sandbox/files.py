@@ -154,6 +154,15 @@ class WorkdirFiles:
                 a symlink or not a directory, or the file is a symlink, a directory, a
                 FIFO or another special file, or is over max_file_bytes.
         """
+        fd, _ = self.open_for_reading(relative)
+        try:
+            return self._read_at_most(fd, normalise(relative))
+        finally:
+            os.close(fd)
+
+    def open_for_reading(self, relative: str) -> tuple[int, int]:
+        """A regular file opened for reading, and its size: for reading it in pieces (the
+        caller closes the descriptor, and reads no more than the size). Raises as `read`."""
         path = normalise(relative)
         *directories, name = path.split("/")
         parent = self._open_directory(path, directories, create=False)
@@ -172,10 +181,12 @@ class WorkdirFiles:
             os.close(parent)
         try:
             # What we opened is what counts: it may have been swapped since the lstat.
-            self._check_readable(path, os.fstat(fd))
-            return self._read_at_most(fd, path)
-        finally:
+            info = os.fstat(fd)
+            self._check_readable(path, info)
+        except BaseException:
             os.close(fd)
+            raise
+        return fd, info.st_size
 
     def snapshot(self, max_entries: int = MAX_WALK_ENTRIES) -> Snapshot:
         """Size and mtime of every regular file, for `changed`.
@@ -375,22 +386,22 @@ class WorkdirFiles:
 
 
 class StreamedFile:
-    """A file written in pieces at the root of a working directory (a context, an upload of
-    unknown size): to a fresh temporary name, renamed into place by `finish`. Blocking
-    methods; `discard` always, after `finish` or instead of it."""
+    """A file written in pieces into a working directory (a context, an upload of any
+    size): to a fresh temporary name in its directory (made if missing, walked following no
+    symlink, as `WorkdirFiles.write` does), renamed into place by `finish`. Blocking methods;
+    `discard` always, after `finish` or instead of it."""
 
     def __init__(self, files: WorkdirFiles, name: str) -> None:
-        if "/" in normalise(name):  # opened relative to the root: no directory to walk
-            raise PathRefused(name, "a streamed file goes at the root of the working directory")
         self.files = files
-        self.name = name
+        self.path = normalise(name)
+        *self._directories, self.name = self.path.split("/")
         self.size = 0
-        self._root = -1
+        self._root = -1  # the file's directory
         self._fd = -1
         self._temp: str | None = None
 
     def open(self) -> None:
-        self._root = os.open(self.files.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root = self.files._open_directory(self.path, self._directories, create=True)
         for _ in range(_TEMP_ATTEMPTS):
             temp = f".cloche-{secrets.token_hex(8)}.tmp"
             try:

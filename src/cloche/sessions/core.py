@@ -16,7 +16,13 @@ import os
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterable, Coroutine, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +47,7 @@ from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
 from cloche.sessions.history import CellEntry, History, entry_of
 from cloche.sessions.kernel import EventCallback, KernelClient, LLMHookup
 from cloche.sessions.manager import (
+    READ_PIECE_BYTES,
     InstalledPackages,
     SessionManager,
     check_metadata,
@@ -473,6 +480,13 @@ class LiveSessions(SessionManager):
         files = await self.files(session_id, owner)
         return await asyncio.to_thread(files.read, path)
 
+    async def read_stream(
+        self, session_id: str, path: str, owner: str | None = None
+    ) -> tuple[int, AsyncGenerator[bytes, None]]:
+        files = await self.files(session_id, owner)
+        fd, size = await asyncio.to_thread(files.open_for_reading, path)
+        return size, _pieces(fd, size)
+
     async def write_files(
         self, session_id: str, files: Sequence[tuple[str, bytes]], owner: str | None = None
     ) -> None:
@@ -640,6 +654,21 @@ class LiveSessions(SessionManager):
         self, snapshot_id: str, owner: str | None, metadata: dict[str, str] | None = None
     ) -> Session:
         """A new session restored from a snapshot (with its metadata, or metadata)."""
+
+
+async def _pieces(fd: int, size: int) -> AsyncGenerator[bytes, None]:
+    """An open file's first size bytes in pieces (a file still growing is cut at the size
+    it had when opened, as its Content-Length said); the descriptor is closed at the end."""
+    try:
+        left = size
+        while left > 0:
+            piece = await asyncio.to_thread(os.read, fd, min(READ_PIECE_BYTES, left))
+            if not piece:
+                break  # cut short meanwhile: the reader sees fewer bytes than announced
+            left -= len(piece)
+            yield piece
+    finally:
+        os.close(fd)
 
 
 def _end_reason(reason: str, kernel: KernelClient | None) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import builtins
 import uuid
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
 from typing import Any
 
 from cloche.errors import InvalidMetadata, NodeNotFound, PackageInstallError
@@ -29,6 +29,7 @@ from cloche.sessions.store import SnapshotRecord
 __all__ = ["EgressAsk", "InstalledPackages", "SessionManager", "new_session_id"]
 
 InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
+READ_PIECE_BYTES = 1 << 20  # a file is read for a download in pieces of this size at most
 METADATA_MAX_PAIRS = 32
 METADATA_MAX_BYTES = 4096  # keys and values together, UTF-8
 
@@ -277,6 +278,23 @@ class SessionManager(abc.ABC):
     @abc.abstractmethod
     async def read_file(self, session_id: str, path: str, owner: str | None = None) -> bytes:
         """A file of the working directory. Raises PathRefused, PathNotFound, SessionNotFound."""
+
+    async def read_stream(
+        self, session_id: str, path: str, owner: str | None = None
+    ) -> tuple[int, AsyncGenerator[bytes, None]]:
+        """A file of the working directory in pieces of at most READ_PIECE_BYTES, and its
+        size: memory stays flat however large it is. The pieces must be read to the end, or
+        the iterator closed (`aclose`). By default, `read_file` in one piece.
+
+        Raises:
+            PathRefused, PathNotFound, SessionNotFound: before any piece.
+        """
+        data = await self.read_file(session_id, path, owner)
+
+        async def one() -> AsyncGenerator[bytes, None]:
+            yield data
+
+        return len(data), one()
 
     @abc.abstractmethod
     async def write_files(

@@ -28,6 +28,7 @@ import contextlib
 import math
 from collections import Counter
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Awaitable,
@@ -422,6 +423,11 @@ class QuotaGate(SessionManager):
 
     async def read_file(self, *args: Any, **kwargs: Any) -> bytes:
         return await self.inner.read_file(*args, **kwargs)
+
+    async def read_stream(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[int, AsyncGenerator[bytes, None]]:
+        return await self.inner.read_stream(*args, **kwargs)
 
     async def write_files(
         self, session_id: str, files: Sequence[tuple[str, bytes]], *args: Any, **kwargs: Any

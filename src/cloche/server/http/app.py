@@ -91,7 +91,10 @@ def create_app(
     app.add_middleware(
         BodyLimit,
         max_bytes=config.max_frame_bytes,
-        larger=[(context.PATH, config.limits.disk_mib * MIB)],
+        larger=[
+            (context.PATH, config.limits.disk_mib * MIB),
+            (sessions.UPLOAD_PATH, config.limits.disk_mib * MIB),
+        ],
     )
     return app
 

@@ -8,6 +8,7 @@ import binascii
 import datetime
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,6 +44,9 @@ log = logging.getLogger("cloche.http")
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 409, 410, 413, 422, 429, 503)
 }
+# Uploads are streamed into the working directory: bodies here may be as large as it is.
+UPLOAD_PATH = re.compile(r"^/v1/sessions/[^/]+/files/.+$")
+
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERRORS)
 
 
@@ -385,8 +389,12 @@ async def list_files(
 async def download(
     session_id: str, path: str, request: Request, owner: str | None = Depends(owner_of)
 ) -> Response:
-    data = await _manager(request).read_file(session_id, path, owner)
-    return Response(data, media_type="application/octet-stream")
+    size, pieces = await _manager(request).read_stream(session_id, path, owner)
+    return StreamingResponse(
+        pieces,
+        media_type="application/octet-stream",
+        headers={"content-length": str(size)},
+    )
 
 
 @router.put("/{session_id}/files/{path:path}", status_code=204, summary="Upload a file (raw body)")
@@ -395,6 +403,7 @@ async def upload(
 ) -> Response:
     manager = _manager(request)
     await manager.info(session_id, owner)  # an unknown session is told before the body is read
-    data = await request.body()
-    await manager.write_files(session_id, [(path, data)], owner)
+    # Written as it comes (in pieces, over a cluster's data path too): a file as large as
+    # the working directory (--disk-mib) without holding it here.
+    await manager.write_stream(session_id, path, request.stream(), owner)
     return Response(status_code=204)
