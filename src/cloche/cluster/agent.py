@@ -5,6 +5,14 @@ served to front ends over the data path (`cluster/link.py`), with its sessions' 
 for them to take (`cluster/relay.py`), and, through Ray, the verbs that move sessions
 between nodes. It runs as a Ray actor pinned to its node
 (`cluster/engine.py` makes it one); nothing here imports Ray, so it is tested without.
+
+Fencing: a node whose heartbeats went unanswered (its process frozen, SIGSTOPped, cut off)
+is declared dead by a front end, for good, and its sessions are told lost. If it comes back,
+its agent learns so from the directory (`Membership`, asked every MEMBERSHIP_CHECK_S),
+serves nothing more, closes every session it held and deletes their paused images and its
+snapshots (reported lost: none may come back), says so, and ends its process. A front end
+then starts a new agent on that machine, as it does for a new one: a new node id (and
+certificate), nothing on it.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cloche.cluster import codec
+from cloche.cluster.directory import DEAD
 from cloche.cluster.link import AgentServer
 from cloche.cluster.relay import EventSink, Outbox, Told
 from cloche.cluster.tls import AgentTLS
@@ -39,6 +48,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cloche.cluster")
 MAX_OPEN_READS = 64  # files being read through the data path at once, per node
+
+MEMBERSHIP_CHECK_S = 1.0  # how often an agent asks the directory whether it was declared dead
+MEMBERSHIP_WAIT_S = 10.0  # an answer slower than this (Ray busy, a partition): asked again
 
 
 def memory_available_bytes() -> int:
@@ -101,6 +113,22 @@ class NodeFigures(Protocol):
     def events_dropped(self, count: int) -> None: ...
 
 
+class Membership(Protocol):
+    """The cluster's word on this node, from its directory (over Ray: `cluster/engine.py`)."""
+
+    async def state(self, node_id: str) -> str | None:
+        """The node's state there (alive, draining, dead; None before it joined)."""
+        ...
+
+    async def fenced(self, node_id: str) -> None:
+        """Tell it the dead node holds nothing any more: its machine may have a new agent."""
+        ...
+
+    def exit(self) -> None:
+        """End this agent's process (a new agent takes its place)."""
+        ...
+
+
 class NodeAgent:
     """This node's sessions, served to front ends."""
 
@@ -114,7 +142,10 @@ class NodeAgent:
         egress_ca: tuple[bytes, bytes] | None = None,
         watch_sigterm: bool = False,
         tls: AgentTLS | None = None,
+        membership: Membership | None = None,
     ) -> None:
+        """membership: where the agent learns that it was declared dead (none: it never
+        fences itself, as in tests of the data path)."""
         self.config = config
         self.node_id = node_id
         self.host = host
@@ -148,6 +179,10 @@ class NodeAgent:
         # die with it, and what they answer then ("killed", "not found") is not the story.
         self.leaving: str | None = None
         self._watch_sigterm = watch_sigterm  # in a process of its own (a Ray actor's)
+        self._membership = membership
+        self._watching: asyncio.Task[None] | None = None
+        # Why the cluster declared this node dead, once the agent learnt it (it fences).
+        self.fenced: str | None = None
 
     async def start(self) -> dict[str, Any]:
         """Start the manager and the data path once; where front ends reach it."""
@@ -162,15 +197,58 @@ class NodeAgent:
         await self.manager.start()
         self.port = await self.server.start(self.host, self.config.cluster_agent_port)
         log.info("node agent %s serving on %s:%d", self.node_id, self.host, self.port)
+        if self._membership is not None:
+            self._watching = asyncio.create_task(self._watch_membership(self._membership))
+
+    async def _watch_membership(self, membership: Membership) -> None:
+        """Ask the directory, every MEMBERSHIP_CHECK_S, whether this node was declared dead
+        (after a freeze, the first ask is at once); fence it when it was."""
+        while True:
+            await asyncio.sleep(MEMBERSHIP_CHECK_S)
+            try:
+                state = await asyncio.wait_for(membership.state(self.node_id), MEMBERSHIP_WAIT_S)
+            except Exception as exc:  # the directory out of reach: the verdict can wait
+                log.warning("node agent %s: the directory did not answer: %s", self.node_id, exc)
+                continue
+            if state == DEAD:
+                await self.fence("its node failed")  # as the front ends say it
+                return
+
+    async def fence(self, why: str) -> None:
+        """Stop being this node, which the cluster declared dead and whose sessions it told
+        lost: serve nothing more, close every session and delete every paused image and
+        snapshot held here, tell the directory, and end this process."""
+        if self.fenced is not None:
+            return
+        self.fenced = why
+        log.warning("node agent %s was declared dead (%s): fencing it", self.node_id, why)
+        await self.server.close()  # any front end still linked to it learns it is gone
+        try:
+            closed = await self.manager.abandon("node_lost")
+        except Exception:  # what stays might come back: no new agent here, an operator's call
+            log.exception("node agent %s: fencing failed; it stays, serving nothing", self.node_id)
+            return
+        if self.egress is not None:
+            self.egress.close()
+        if self.broker is not None:
+            await self.broker.close()
+        log.warning("node agent %s fenced: %d sessions closed, nothing kept", self.node_id, closed)
+        if self._membership is not None:
+            try:
+                await asyncio.wait_for(self._membership.fenced(self.node_id), MEMBERSHIP_WAIT_S)
+            except Exception as exc:  # its machine gets no new agent until a front end sees
+                log.error("node agent %s: the directory was not told: %s", self.node_id, exc)
+            self._membership.exit()
 
     def _tell(
         self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
     ) -> None:
         """An event of this node's sessions, kept for the front ends (it never waits)."""
-        if self.leaving is not None and kind == "session.closed":
+        gone = self.leaving or self.fenced
+        if gone is not None and kind == "session.closed":
             # Its sandbox died because the node is going: lost with its node, as its
             # requests answer.
-            data = {**data, "end_reason": "node_lost", "why": self.leaving}
+            data = {**data, "end_reason": "node_lost", "why": gone}
         self.outbox.add(kind, session_id, owner_key, data)
 
     def _events_dropped(self, count: int) -> None:
@@ -187,6 +265,10 @@ class NodeAgent:
 
     async def stop(self) -> None:
         """Close the data path, then every session (paused to --data-dir, as a server does)."""
+        if self.fenced is not None:
+            return  # it holds nothing, and its process ends
+        if self._watching is not None:
+            self._watching.cancel()
         await self.server.close()
         await self.manager.stop()
         if self.egress is not None:
@@ -219,6 +301,8 @@ class NodeAgent:
         return raw, image
 
     async def adopt_session(self, raw: dict[str, Any], image: bytes) -> None:
+        if self.fenced is not None:
+            raise ClocheError(f"node {self.node_id} was declared dead: it takes nothing in")
         record = SessionRecord(**{**raw, "state": RecordState(raw["state"])})
         await self.manager.adopt_session(record, bytes(image))
 
@@ -230,6 +314,8 @@ class NodeAgent:
         return asdict(record), image
 
     async def adopt_snapshot(self, raw: dict[str, Any], image: bytes) -> None:
+        if self.fenced is not None:
+            raise ClocheError(f"node {self.node_id} was declared dead: it takes nothing in")
         await self.manager.adopt_snapshot(SnapshotRecord(**raw), bytes(image))
 
     def held(self) -> tuple[list[str], list[str]]:
@@ -253,10 +339,13 @@ class NodeAgent:
         return answer
 
     def _check_leaving(self, session_id: object) -> None:
-        if self.leaving is not None and isinstance(session_id, str):
+        gone = self.leaving or self.fenced
+        if gone is not None and isinstance(session_id, str):
             lost = SessionLost(session_id)
-            lost.args = (f"Session {session_id} was lost: {self.leaving}",)
+            lost.args = (f"Session {session_id} was lost: {gone}",)
             raise lost
+        if self.fenced is not None:
+            raise ClocheError(f"node {self.node_id} was declared dead: it serves nothing")
 
     async def _op_stats(self, on_event: EventCallback) -> dict[str, Any]:
         return self.stats()
@@ -345,7 +434,11 @@ class NodeAgent:
         stdin: bool = False,
         pager: bool = False,
         front_end: str = "",
+        accepted: bool = False,
     ) -> Any:
+        # With accepted, the front end waits for the cell to be queued (or refused as busy)
+        # before it answers: told as an event of its own as soon as the session queues it.
+        queued = _TellsWhenSet(on_event) if accepted else None
         result = await self.manager.execute(
             session_id,
             code,
@@ -357,6 +450,7 @@ class NodeAgent:
             stdin=stdin,
             pager=pager,
             front_end=front_end,
+            accepted=queued,
         )
         return codec.result_out(result)
 
@@ -504,3 +598,16 @@ class NodeAgent:
 
     async def _op_profiles(self, on_event: EventCallback) -> Any:
         return self.manager.profiles()
+
+
+class _TellsWhenSet(asyncio.Event):
+    """An event that, once set, sends the front end a `codec.ACCEPTED` event."""
+
+    def __init__(self, on_event: EventCallback) -> None:
+        super().__init__()
+        self._on_event = on_event
+
+    def set(self) -> None:
+        if not self.is_set():
+            self._on_event({"type": codec.ACCEPTED})
+        super().set()

@@ -16,6 +16,8 @@ from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import SessionInfo, SessionState
 from cloche.sessions.store import SnapshotRecord
 
+ACCEPTED = "accepted"  # an event of a streamed execute: the node queued the cell
+
 
 def info_out(info: SessionInfo) -> dict[str, Any]:
     out = asdict(info)

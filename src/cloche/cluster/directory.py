@@ -4,7 +4,9 @@ are, kept in the cluster so that every front end agrees.
 It runs as a detached, named Ray actor on the head node (`cluster/engine.py`); its methods
 are called one at a time, so it needs no locks. Front ends cache what they learn and ask
 again when an agent says a session moved. A node, once dead, stays dead here: a new agent
-on the same machine joins under a new id, and sessions of the old one stay lost.
+on the same machine joins under a new id, and sessions of the old one stay lost. A dead
+node's agent that comes back (it was frozen, or cut off) learns its verdict here, removes
+all it held and says so (`fenced`); only then may its machine have a new agent.
 """
 
 from __future__ import annotations
@@ -52,11 +54,26 @@ class Directory:
         """Its process (waited for when a local cluster stops)."""
         return os.getpid()
 
-    def join(self, node: dict[str, Any]) -> None:
-        """A node agent, as it describes itself ({"id", "host", "port", "pid", ...})."""
-        known = self.nodes.get(node["id"])
-        state = known["state"] if known is not None else ALIVE
-        self.nodes[node["id"]] = {**node, "state": state}
+    def join(self, node: dict[str, Any]) -> str:
+        """A node agent, as it describes itself ({"id", "host", "port", "pid", ...}); its
+        state here (dead: a front end must not link to it)."""
+        known = self.nodes.get(node["id"]) or {}
+        self.nodes[node["id"]] = {**known, **node, "state": known.get("state", ALIVE)}
+        state: str = self.nodes[node["id"]]["state"]
+        return state
+
+    def node_state(self, node_id: str) -> str | None:
+        """A node's state (None: it has not joined): what its agent asks, to learn whether
+        it was declared dead."""
+        node = self.nodes.get(node_id)
+        return node["state"] if node is not None else None
+
+    def fenced(self, node_id: str) -> None:
+        """A dead node's agent removed every sandbox, paused image and snapshot it held and
+        is going: its machine (Ray node) may have a new agent, under a new id."""
+        node = self.nodes.get(node_id)
+        if node is not None and node["state"] == DEAD:
+            node["fenced"] = True
 
     def all_nodes(self) -> list[dict[str, Any]]:
         return list(self.nodes.values())

@@ -269,7 +269,15 @@ class Engine:
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.ray_id, soft=False),
         ).remote(
-            config, node_id, secret, node.ip, self.figures, egress_ca, watch_sigterm=True, tls=tls
+            config,
+            node_id,
+            secret,
+            node.ip,
+            self.figures,
+            egress_ca,
+            watch_sigterm=True,
+            tls=tls,
+            membership=DirectoryMembership(self.directory),
         )
         return handle
 
@@ -325,6 +333,26 @@ class Engine:
             _remove_ended_temps()
             os.environ.pop("RAY_TMPDIR", None)
             self._temp = None
+
+
+class DirectoryMembership:
+    """A node agent's `Membership`: the directory's word on its node, asked over Ray from
+    the agent's own process (its code asks the directory nothing else)."""
+
+    def __init__(self, directory: Any) -> None:
+        self._directory = directory
+
+    async def state(self, node_id: str) -> str | None:
+        state: str | None = await self._directory.node_state.remote(node_id)
+        return state
+
+    async def fenced(self, node_id: str) -> None:
+        await self._directory.fenced.remote(node_id)
+
+    def exit(self) -> None:
+        """Ray ends the actor (its name freed for the next agent of the node) and its process."""
+        ray = _ray()
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
 @atexit.register

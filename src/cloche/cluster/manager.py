@@ -175,7 +175,9 @@ class ClusterSessionManager(SessionManager):
         """Agents for new Ray nodes; links to agents others started; others' verdicts."""
         known = await self.engine.directory.all_nodes.remote()
         self.directory_size = await self.engine.directory.size.remote()
-        dead_ray_ids = {n["ray_id"] for n in known if n["state"] == DEAD}
+        # A machine whose agent was declared dead gets a new agent only once that one has
+        # fenced itself (removed all it held, and gone): until then it may hold sandboxes.
+        held_back = {n["ray_id"] for n in known if n["state"] == DEAD and not n.get("fenced")}
         for entry in known:
             node = self.nodes.get(entry["id"])
             if node is not None and entry["state"] != node.state and node.state != DEAD:
@@ -184,7 +186,7 @@ class ClusterSessionManager(SessionManager):
         fresh = [
             ray_node
             for ray_node in await asyncio.to_thread(self.engine.nodes)
-            if ray_node.ray_id not in linked and ray_node.ray_id not in dead_ray_ids
+            if ray_node.ray_id not in linked and ray_node.ray_id not in held_back
         ]
         await asyncio.gather(*(self._join(ray_node) for ray_node in fresh))
         for entry in known:  # dead nodes others saw, for GET /v1/cluster
@@ -212,7 +214,10 @@ class ClusterSessionManager(SessionManager):
             handle,
             None,
         )
-        await self.engine.directory.join.remote({**described, "ray_id": ray_node.ray_id})
+        state = await self.engine.directory.join.remote({**described, "ray_id": ray_node.ray_id})
+        if state == DEAD:  # a dead node's agent, not gone yet: never linked again
+            log.info("node agent %s was declared dead: not linked", node.id)
+            return
         # What it holds already (paused in its --data-dir by a previous run) is found again.
         session_ids, snapshot_ids = await handle.held.remote()
         await self.engine.directory.place.remote(session_ids, node.id)
@@ -566,7 +571,17 @@ class ClusterSessionManager(SessionManager):
         stdin: bool = False,
         pager: bool = False,
         front_end: str = "",
+        accepted: asyncio.Event | None = None,
     ) -> CellResult:
+        events = on_event
+        if accepted is not None:  # the node says so as an event of its own, not passed on
+
+            def events(event: dict[str, Any]) -> None:
+                if event.get("type") == codec.ACCEPTED:
+                    accepted.set()
+                elif on_event is not None:
+                    on_event(event)
+
         raw = await self._call(
             session_id,
             "execute",
@@ -580,8 +595,9 @@ class ClusterSessionManager(SessionManager):
                 "pager": pager,
                 "front_end": front_end,
                 "stream": on_event is not None,
+                "accepted": accepted is not None,
             },
-            on_event,
+            events,
         )
         return codec.result_in(raw)  # counted by its node (/metrics labels it `node`)
 

@@ -402,6 +402,9 @@ class StreamedFile:
 
     def open(self) -> None:
         self._root = self.files._open_directory(self.path, self._directories, create=True)
+        existing = _lstat(self._root, self.name)
+        if existing is not None and not stat.S_ISREG(existing.st_mode):  # as `write` refuses
+            raise PathRefused(self.path, _describe(existing.st_mode))
         for _ in range(_TEMP_ATTEMPTS):
             temp = f".cloche-{secrets.token_hex(8)}.tmp"
             try:

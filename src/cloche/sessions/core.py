@@ -388,6 +388,7 @@ class LiveSessions(SessionManager):
         stdin: bool = False,
         pager: bool = False,
         front_end: str = "",
+        accepted: asyncio.Event | None = None,
     ) -> CellResult:
         session = self._find(session_id, owner)
         limit = self.limits.cell_timeout_s
@@ -405,6 +406,7 @@ class LiveSessions(SessionManager):
                 silent=silent,
                 stdin=stdin,
                 pager=pager,
+                accepted=accepted,
             )
         except KernelDied as exc:
             self._forget(session, "lost")

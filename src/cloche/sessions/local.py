@@ -1,5 +1,6 @@
 """`LocalSessionManager`: the sessions of one machine, from taking over what a previous
-server left in the data directory to pausing every live session at shutdown.
+server left in the data directory to pausing every live session at shutdown (or, on a
+cluster node declared dead, abandoning them all).
 
 Its verbs come in layers, one module each: live sessions (`sessions.core`), saving them
 (`sessions.durability`), moving them to other nodes (`sessions.moving`).
@@ -114,12 +115,7 @@ class LocalSessionManager(MovableSessions):
     async def stop(self) -> None:
         """Pause every live session to disk (a few at a time; running cells interrupted
         first), then free every sandbox. A session that can't be saved is closed."""
-        self._stopped = True
-        await self.profile_pools.stop_building()
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
-        await asyncio.gather(*self._pausing.values(), return_exceptions=True)
+        await self._quiesce()
         live = [s for s in self._sessions.values() if not s.paused]
         limit = asyncio.Semaphore(self.config.pause_concurrency)
 
@@ -140,6 +136,39 @@ class LocalSessionManager(MovableSessions):
             *(keep(s) for s in live),
             return_exceptions=True,
         )
+        await self._free()
+
+    async def abandon(self, reason: str) -> int:
+        """Close every session held here, live or paused, and delete every snapshot, saving
+        nothing; then free every sandbox, as `stop` does. For a cluster node declared dead:
+        its sessions were told lost, and an image kept would bring one back. How many
+        sessions went."""
+        await self._quiesce()
+        sessions = builtins.list(self._sessions.values())
+        for session in sessions:
+            self._remove(session, reason)
+        snapshots = [self.store.snapshot_dir(i) for i in self._snapshots]
+        self._snapshots.clear()
+        await asyncio.gather(
+            self.profile_pools.close(),
+            *(self._close(s, reason) for s in sessions),
+            *(asyncio.to_thread(self.store.remove, home) for home in snapshots),
+            return_exceptions=True,
+        )
+        await self._free()
+        return len(sessions)
+
+    async def _quiesce(self) -> None:
+        """Take nothing new on: no pool refills, no reaping, page-outs under way finished."""
+        self._stopped = True
+        await self.profile_pools.stop_building()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        await asyncio.gather(*self._pausing.values(), return_exceptions=True)
+
+    async def _free(self) -> None:
+        """Once every session is paused or closed: their doors, the sandboxes' state."""
         await asyncio.gather(*self._closing, return_exceptions=True)
         await self.doors.close_all()
         await asyncio.to_thread(self.backend.shutdown)

@@ -12,6 +12,7 @@ life, from taking over a data directory to shutdown). The cluster's is
 from __future__ import annotations
 
 import abc
+import asyncio
 import builtins
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
@@ -232,9 +233,11 @@ class SessionManager(abc.ABC):
         stdin: bool = False,
         pager: bool = False,
         front_end: str = "",
+        accepted: asyncio.Event | None = None,
     ) -> CellResult:
         """Run a cell in a session (queued behind the running one). Its history keeps it
-        (unless silent), saying which front end sent it.
+        (unless silent), saying which front end sent it. `accepted` is set once the cell is
+        queued, not refused as busy (a stream's answer waits for it, or for the refusal).
 
         timeout_s is capped by the server's --cell-timeout. With track_files, the result
         lists the files the cell created or changed in the working directory. A silent

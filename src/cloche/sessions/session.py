@@ -251,9 +251,11 @@ class Session:
         silent: bool = False,
         stdin: bool = False,
         pager: bool = False,
+        accepted: asyncio.Event | None = None,
     ) -> CellResult:
         """Queue a cell behind the running one and run it (with stdin, its input() asks
         on_event; with pager, `obj?` goes to on_event: see `KernelClient.execute`).
+        `accepted` is set once it is queued (not refused as busy).
 
         Raises:
             SessionBusy: max_queued cells are already waiting.
@@ -265,6 +267,8 @@ class Session:
                 f"(limit {self._max_queued}); wait for them to finish"
             )
         self._waiting += 1
+        if accepted is not None:
+            accepted.set()
         queued = time.perf_counter()
         try:
             await self._lock.acquire()

@@ -255,6 +255,7 @@ async def _stream(
     events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     refused: list[ClocheError] = []
     running = False  # an event came: the session's running cell is this one
+    accepted = asyncio.Event()  # the cell is queued (not refused as busy)
 
     def on_event(event: dict[str, Any]) -> None:
         nonlocal running
@@ -273,6 +274,7 @@ async def _stream(
                 track_files=True,
                 stdin=stdin,
                 front_end="http",
+                accepted=accepted,
             )
         except ClocheError as exc:
             refused.append(exc)
@@ -287,9 +289,12 @@ async def _stream(
     background: set[asyncio.Task[None]] = request.app.state.background
     background.add(task)
     task.add_done_callback(background.discard)
-    # One step of the task queues the cell or refuses it (a full queue raises SessionBusy
-    # before execute's first await): a refusal gets its status code, not a 200 stream.
-    await asyncio.sleep(0)
+    # The answer waits until the cell is queued or refused (a full queue: SessionBusy, on
+    # this machine at once, on a cluster's node when it says so): a refusal gets its status
+    # code, not a 200 stream.
+    accepting = asyncio.ensure_future(accepted.wait())
+    await asyncio.wait([accepting, task], return_when=asyncio.FIRST_COMPLETED)
+    accepting.cancel()
     if refused:
         raise refused[0]
 
