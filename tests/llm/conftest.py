@@ -36,7 +36,10 @@ def llm_config(stub: StubLLM, **overrides: object) -> LLMConfig:
 def llm_server(state_root: Path, stub: StubLLM) -> Iterator[ServerThread]:
     """A gVisor server whose sessions reach the stub through llm_query."""
     require_gvisor()
-    config = make_config(state_root, llm=llm_config(stub))
+    # 120 s cells: the isolation search walks the sandbox's files and /proc, which took
+    # over 20 s on two cores at a load of 18.
+    limits = Limits(cell_timeout_s=120.0, interrupt_grace_s=1.0)
+    config = make_config(state_root, llm=llm_config(stub), limits=limits)
     with ServerThread(config) as running:
         yield running
 
