@@ -304,10 +304,11 @@ def create_holding(api: Api, count: int) -> dict[str, str]:
         return dict(pool.map(make, range(count)))
 
 
-def restart(base: Path, count: int) -> RestartRun:
+def restart(base: Path, count: int, resume_at_start: str = "yes") -> RestartRun:
     run = RestartRun(count)
     data_dir = base / "data-restart"
     args = ["--data-dir", str(data_dir), "--pool-size", "2", "--data-pool-size", "0"]
+    args += ["--resume-at-start", resume_at_start]
     args += ["--pause-idle", "0", "--max-sessions", str(count + 10)]
     started = time.perf_counter()
     first = Serve(base / "state-restart-1", *args)
@@ -667,6 +668,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="latency,restart,pageout",
         help="comma-separated subset of latency,restart,pageout",
     )
+    parser.add_argument(
+        "--resume-at-start",
+        choices=("yes", "no"),
+        default="yes",
+        help="the restarted server's --resume-at-start (no: each session on its first cell)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -701,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
             foreign.update(foreign_runsc(base))
         if "restart" in args.parts:
             with part_failing(broken, "restart"):
-                restarted = restart(base, args.restart)
+                restarted = restart(base, args.restart, args.resume_at_start)
             foreign.update(foreign_runsc(base))
         if "pageout" in args.parts:
             with part_failing(broken, "pageout"):

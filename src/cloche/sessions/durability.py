@@ -26,6 +26,7 @@ from cloche.errors import (
     SessionMoved,
     SessionNotFound,
     SnapshotNotFound,
+    StorageFull,
     TooManyPausedSessions,
     TooManySessions,
     UnknownProfile,
@@ -158,7 +159,18 @@ class DurableSessions(LiveSessions):
             assert session.kernel is not None
             started = time.perf_counter()
             home = self.store.session_dir(session.id)
-            size = await self._checkpoint(session, home, keeps_running=False)
+            # At shutdown the image is written uncompressed: the next start resumes it at
+            # once (--resume-at-start), and such an image restores faster. A compressed
+            # one is written instead when the uncompressed one has no room.
+            quick = reason == "shutdown" and self.config.resume_at_start
+            try:
+                size = await self._checkpoint(
+                    session, home, keeps_running=False, compressed=not quick
+                )
+            except StorageFull:
+                if not quick:
+                    raise
+                size = await self._checkpoint(session, home, keeps_running=False)
             await asyncio.to_thread(session.history.save, home)
             origin = self._origin_of(session.profile)
             self.store.save(self._record(session, RecordState.PAUSED, origin, reason))
