@@ -114,6 +114,9 @@ def test_too_many_sessions_names_the_server_limit(make_server):
 def test_a_body_over_the_limit_names_the_server_limit(make_server):
     server = make_server(pool_size=1, max_frame_bytes=4096)
     with cloche.Client(f"http://127.0.0.1:{server.http_port}") as client:
-        with client.create_session() as session, pytest.raises(cloche.RequestTooLarge) as raised:
-            session.upload("big.bin", b"x" * 10_000)
+        with client.create_session() as session:
+            with pytest.raises(cloche.RequestTooLarge) as raised:
+                session.run("'" + "x" * 10_000 + "'")
+            session.upload("big.bin", b"x" * 10_000)  # a file is streamed: --disk-mib bounds it
+            assert session.download("big.bin") == b"x" * 10_000
     assert "--max-frame-bytes" in str(raised.value)

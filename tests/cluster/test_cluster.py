@@ -180,7 +180,9 @@ def test_a_second_front_end_serves_the_same_sessions_and_tokens_hold(cluster) ->
 def test_a_drained_node_s_sessions_go_on_elsewhere_with_their_state(cluster) -> None:
     with client(cluster) as http:
         setup = "x = {i}\ng = iter(range(100))\nnext(g)\nopen('f.txt', 'w').write('file {i}')"
-        ids = [new_session(http, setup.format(i=i)) for i in range(9)]
+        ids = [
+            new_session(http, setup.format(i=i), body={"metadata": {"i": str(i)}}) for i in range(9)
+        ]
         snapshots = {}
         for i, session_id in enumerate(ids):
             response = http.post(f"/v1/sessions/{session_id}/snapshot", json={})
@@ -196,6 +198,10 @@ def test_a_drained_node_s_sessions_go_on_elsewhere_with_their_state(cluster) -> 
         assert drained["moved"] == busiest["sessions"] and drained["failed"] == []
         assert drained["snapshots"] >= 1
 
+        for i, session_id in enumerate(ids):  # its history and metadata came along
+            cells = http.get(f"/v1/sessions/{session_id}/cells").json()["cells"]
+            assert [cell["code"] for cell in cells] == [setup.format(i=i)]
+            assert http.get(f"/v1/sessions/{session_id}").json()["metadata"] == {"i": str(i)}
         for i, session_id in enumerate(ids):  # same id, same state, wherever it is now
             assert run(http, session_id, "[x, next(g), open('f.txt').read()]") == [
                 i,

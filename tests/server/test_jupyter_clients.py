@@ -177,7 +177,7 @@ def gateway_client_config(gateway, monkeypatch) -> Iterator[None]:
     GatewayClient.clear_instance()
 
 
-_TIMINGS = re.compile(r"\d+(\.\d+)?\s*(ns|µs|μs|us|ms|s)\b")
+_TIMINGS = re.compile(r"\d+(\.\d+)?(e[+-]?\d+)?\s*(ns|µs|μs|us|ms|s)\b")  # IPython: "1e+03 ns" too
 # matplotlib's notice on its first import where its font cache is cold (in every new
 # sandbox; rarely on a developer's machine): the state of a cache, not of the notebook.
 _FONT_CACHE_NOTICE = "Matplotlib is building the font cache; this may take a moment.\n"

@@ -401,7 +401,10 @@ class StreamedFile:
         self._temp: str | None = None
 
     def open(self) -> None:
-        self._root = self.files._open_directory(self.path, self._directories, create=True)
+        try:
+            self._root = self.files._open_directory(self.path, self._directories, create=True)
+        except FileNotFoundError as exc:  # the working directory itself is gone
+            raise PathRefused(self.path, "the session's working directory is gone") from exc
         existing = _lstat(self._root, self.name)
         if existing is not None and not stat.S_ISREG(existing.st_mode):  # as `write` refuses
             raise PathRefused(self.path, _describe(existing.st_mode))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from cloche.config import Limits
 from cloche.errors import (
+    CheckpointFailed,
     ClocheError,
     ForkRefused,
     KernelDied,
@@ -26,7 +27,6 @@ from cloche.errors import (
     SessionMoved,
     SessionNotFound,
     SnapshotNotFound,
-    StorageFull,
     TooManyPausedSessions,
     TooManySessions,
     UnknownProfile,
@@ -167,9 +167,12 @@ class DurableSessions(LiveSessions):
                 size = await self._checkpoint(
                     session, home, keeps_running=False, compressed=not quick
                 )
-            except StorageFull:
+            except CheckpointFailed as exc:  # StorageFull too: it has no room uncompressed
                 if not quick:
                     raise
+                log.warning(
+                    "session %s: its uncompressed image failed (%s); compressed", session.id, exc
+                )
                 size = await self._checkpoint(session, home, keeps_running=False)
             await asyncio.to_thread(session.history.save, home)
             origin = self._origin_of(session.profile)

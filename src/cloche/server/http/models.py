@@ -159,6 +159,7 @@ class SessionOut(BaseModel):
     )
     metadata: dict[str, str] = Field(default_factory=dict, description="Its labels")
     last_cell: LastCell | None = Field(default=None, description="Its last cell, if any")
+    queued_cells: int = Field(default=0, description="Cells waiting behind its running one")
     cpu_s: float | None = Field(
         default=None, description="CPU time its sandbox has used, s (in listings)"
     )

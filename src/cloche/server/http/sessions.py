@@ -71,6 +71,7 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
         "egress": info.egress,
         "metadata": info.metadata,
         "last_cell": info.last_cell,
+        "queued_cells": info.queued_cells,
         "cpu_s": info.cpu_s,
         "memory_bytes": info.memory_bytes,
         "limits": {
