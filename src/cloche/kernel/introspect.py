@@ -1,10 +1,9 @@
-"""What a Jupyter client asks of the live session besides running cells: completions, help on
-a name, the session's past cells. The host asks through a silent cell (a namespace of its
+"""What a Jupyter client asks of the live session besides running cells: completions, and help on
+a name (its past cells are the host's: `sessions.history`). The host asks through a silent cell (a namespace of its
 own, not counted), which calls these on the session's real namespace and returns JSON.
 
     complete(code, cursor_pos) -> {"matches", "cursor_start", "cursor_end"}
     inspect(code, cursor_pos, detail_level) -> {"found", "text"}
-    history(last) -> [[execution_count, source], ...]
 
 Nothing here runs the user's code, except what attribute lookups on the user's objects do.
 """
@@ -88,10 +87,3 @@ def _name_at(code: str, cursor: int) -> str:
                 return ""
             depth -= 1
     return ""
-
-
-def history(last: int = 0) -> list[list[Any]]:
-    """The session's cells as written, oldest first ([count, source]); the last N if N."""
-    assert _executor is not None, "the kernel binds its executor at start"
-    cells = [[number, source] for number, source in _executor.history.cells()]
-    return cells[-last:] if last > 0 else cells
