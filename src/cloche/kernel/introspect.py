@@ -1,6 +1,7 @@
-"""What a Jupyter client asks of the live session besides running cells: completions, and help on
-a name (its past cells are the host's: `sessions.history`). The host asks through a silent cell (a namespace of its
-own, not counted), which calls these on the session's real namespace and returns JSON.
+"""What a Jupyter client asks of the live session besides running cells: completions, and
+help on a name (its past cells are the host's: `sessions.history`). The host asks through a
+silent cell (a namespace of its own, not counted), which calls these on the session's real
+namespace and returns JSON.
 
     complete(code, cursor_pos) -> {"matches", "cursor_start", "cursor_end"}
     inspect(code, cursor_pos, detail_level) -> {"found", "text"}
