@@ -3,9 +3,11 @@
 Each running server owns `<state_dir>/<instance>/` and holds an exclusive flock on
 `<state_dir>/<instance>.lock` for as long as it runs (the lock file is locked before it
 gets its name, so a visible lock file is always held by a live server or by nobody).
-A directory whose lock can be taken, or that has no lock file, was left by a server that
-is gone: its leftovers are cleaned before the new server starts. Servers running side by
-side never touch each other's directories.
+A directory named as servers name theirs (`<pid>-<6 hex digits>`) whose lock can be taken,
+or that has no lock file, was left by a server that is gone: its leftovers are cleaned
+before the new server starts. Servers running side by side never touch each other's
+directories, and nothing else in the base is touched (a local cluster's `node-<i>/`
+directories, each the base of a node agent's, live beside a server given the same base).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("cloche.sandbox")
+
+_INSTANCE_NAME = re.compile(r"[0-9]+-[0-9a-f]{6}")  # as StateDir names them
 
 
 class StateDir:
@@ -57,6 +62,8 @@ class StateDir:
             self.base.rmdir()
 
     def _clean_if_stale(self, directory: Path, clean_stale: Callable[[Path], None]) -> None:
+        if not _INSTANCE_NAME.fullmatch(directory.name):
+            return  # not a server's: another's base (a cluster node's), or the operator's
         lock_path = directory.with_name(directory.name + ".lock")
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
