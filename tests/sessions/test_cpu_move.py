@@ -23,3 +23,16 @@ from cloche.sessions.session import BEHIND, LEVEL, STAY, cpu_move
 )
 def test_moves(moved: bool, share: float, peers: float | None, expected: str) -> None:
     assert cpu_move(moved, share, peers) == expected
+
+
+@pytest.mark.parametrize(
+    ("moved", "share", "peers", "expected"),
+    [
+        (False, 0.9, 1.9, STAY),  # busy, but one of a crowd: level with the others
+        (False, 0.04, 1.9, STAY),
+        (True, 0.9, 0.0, LEVEL),  # behind: back level, where the crowd shares evenly
+        (True, 0.02, None, LEVEL),
+    ],
+)
+def test_a_crowd_stays_level(moved: bool, share: float, peers: float | None, expected: str) -> None:
+    assert cpu_move(moved, share, peers, crowded=True) == expected

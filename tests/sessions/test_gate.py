@@ -99,3 +99,17 @@ async def test_a_waiter_that_gives_up_takes_no_place():
 def test_a_gate_needs_a_place_and_a_slice(slots, slice_s):
     with pytest.raises(ValueError, match="at least one slot"):
         CellGate(slots, slice_s)
+
+
+def test_more_long_busy_cells_than_cores_are_a_crowd():
+    gate = CellGate(4, slice_s=0.05)
+    gate.cores = 2
+    for session in ("a", "b"):
+        gate.note_long(session, busy=True)
+    gate.note_long("sleeper", busy=False)  # a long cell that waits is not in it
+    assert not gate.crowded
+    gate.note_long("c", busy=True)
+    assert gate.crowded
+    gate.note_long("c", busy=True)  # seen busy again: counted once
+    gate.note_long("a", busy=False)  # its cell ended
+    assert not gate.crowded

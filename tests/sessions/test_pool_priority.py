@@ -44,8 +44,8 @@ def test_a_sandbox_started_for_a_waiting_session_starts_with_the_usual_weight(ma
     kernel = manager._sessions[info.id].kernel
     # It started at full weight (the bundle runsc got says so), not only got it afterwards.
     bundle = json.loads((kernel.sandbox.home / "bundle" / "config.json").read_text())
-    assert bundle["linux"]["resources"]["cpu"]["shares"] == 1024
-    assert cpu_shares(server.server.backend.state.instance, kernel.id) == 1024
+    assert bundle["linux"]["resources"]["cpu"]["shares"] == cgroups.SERVING_CPU_SHARES
+    assert cpu_shares(server.server.backend.state.instance, kernel.id) == cgroups.SERVING_CPU_SHARES
     server.call(manager.close(info.id))
 
 

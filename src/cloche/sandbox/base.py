@@ -103,6 +103,12 @@ class Sandbox(abc.ABC):
         with them. busy (with behind): it is using the CPU too, so put it behind the host's
         own processes as well, where the backend can. An optional hook."""
 
+    @property
+    def behind_the_host(self) -> bool:
+        """Whether `background(True, busy=True)` put it behind the host's processes (until
+        `level_with_the_host` or `background(False)`)."""
+        return False
+
     def level_with_the_host(self) -> None:  # noqa: B027  # optional hook
         """Undo the `busy` part of `background` (its weight among the sandboxes stays): a
         cell being interrupted needs the CPU to stop within the grace."""

@@ -9,9 +9,13 @@ import os
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-STARTING_CPU_SHARES = 64  # while a sandbox starts and waits in the pool
-SERVING_CPU_SHARES = 1024  # the kernel's default, once a session has it
-BACKGROUND_CPU_SHARES = 16  # while its cell runs past its slice (sessions/gate.py)
+# Weights among the sandboxes (under `cloche/`), in these ratios; the lowest is the kernel's
+# default, as the scheduler divides a group's weight between the cores it runs on: fifty
+# sandboxes at a weight of 16 each were served unevenly (the slowest of fifty downloads
+# got 2-4x less than the fastest; at 1024, 1.5-2x).
+STARTING_CPU_SHARES = 4096  # while a sandbox starts and waits in the pool
+SERVING_CPU_SHARES = 65536  # once a session has it
+BACKGROUND_CPU_SHARES = 1024  # while its cell runs past its slice (sessions/gate.py)
 # A top-level CPU group, at the lowest priority, for sandboxes whose cells run past their
 # slice. Only a top-level group is behind the host's own processes: a weight set under
 # `cloche/` orders sandboxes among themselves, but the `cloche` group as a whole competes

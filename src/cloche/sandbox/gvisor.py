@@ -407,6 +407,10 @@ class GVisorSandbox(Sandbox):
         if self.backend.moves_behind and not (behind and not busy):
             self._ask_move(behind)
 
+    @property
+    def behind_the_host(self) -> bool:
+        return self._moved
+
     def level_with_the_host(self) -> None:
         self._ask_move(False)
 

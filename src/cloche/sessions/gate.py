@@ -11,12 +11,18 @@ A cell holds its place for one slice at most. One that runs longer (a computatio
 sleep, a wait for an LLM) gives it up and goes on without one, so long cells never block
 short ones; the `overran` callback lets the caller lower such a cell's CPU weight, so
 that it takes what the short cells leave.
+
+The gate also knows the crowd: sessions whose long cells were seen using the CPU
+(`note_long`). More of them than cores (fifty downloads) are `crowded`: then none of them is
+put behind the host's processes, where sandboxes get only the CPU left over, unevenly
+(sessions/session.py `cpu_move`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable
 
 # The default number of places: measured with 10-100 busy sessions on 2 cores, 3-4 per core
@@ -36,6 +42,21 @@ class CellGate:
         self._free = asyncio.Semaphore(slots)
         self.waiting = 0  # cells waiting for a place now
         self.overruns = 0  # cells that outran their slice
+        self.cores = os.cpu_count() or 1
+        self._long: set[str] = set()  # sessions whose long cell used the CPU at its last look
+
+    def note_long(self, session_id: str, busy: bool) -> None:
+        """Whether a session's cell past its slice used the CPU when last looked at (False
+        once it ends)."""
+        if busy:
+            self._long.add(session_id)
+        else:
+            self._long.discard(session_id)
+
+    @property
+    def crowded(self) -> bool:
+        """More long cells using the CPU than cores."""
+        return len(self._long) > self.cores
 
     @contextlib.asynccontextmanager
     async def admitted(self, overran: Callable[[], None] | None = None) -> AsyncIterator[None]:

@@ -41,7 +41,7 @@ _ROUTINE = frozenset({CellStatus.OK, CellStatus.ERROR})
 # Sandbox.background). A cell that sleeps or waits (for an LLM, or a one-shot request's
 # `time.sleep`) is not: waking behind them, it would wait for every pool refill to end.
 BUSY_LOOK_S = 0.02
-BUSY_LOOK_MAX_S = 1.0
+BUSY_LOOK_MAX_S = 0.25
 # Behind the host, a sandbox gets the CPU only when nothing else wants it. Other sandboxes
 # whose cells run long but were never busy enough to go there (fifty downloads on two
 # cores: a twenty-fifth of a core each) would starve it for good: one that gets less than
@@ -49,14 +49,23 @@ BUSY_LOOK_MAX_S = 1.0
 # comes level again (one of fifty downloading sessions got 0.2 MiB/s, another 32).
 BUSY_SHARE_OF_LOOK = 0.5
 STARVED_SHARE = 0.125
+# A long cell whose sandbox used this share of a core counts in the crowd (CellGate.crowded):
+# more such cells than cores all stay level with the host. Behind it, sandboxes share what
+# the host leaves unevenly: of fifty sessions downloading at once, half got no byte in 5 s
+# while one got 900 MiB; level, the slowest got 1.5x less than the fastest
+# (BENCHMARKS.md, egress).
+CROWD_SHARE = 0.02
 BEHIND, LEVEL, STAY = "behind", "level", "stay"
 
 
-def cpu_move(moved: bool, share: float, peers_share: float | None) -> str:
+def cpu_move(moved: bool, share: float, peers_share: float | None, crowded: bool = False) -> str:
     """Where a sandbox whose cell runs long goes for the CPU after a look: BEHIND the host's
     processes (busy: `share` of a core is at least half), LEVEL with them again (behind,
     and starved by other sandboxes level with the host: `peers_share` is their summed
-    share, None when not counted), or STAY where it is."""
+    share, None when not counted; or `crowded`: more long cells busy than cores), or STAY
+    where it is."""
+    if crowded:
+        return LEVEL if moved else STAY
     if not moved:
         return BEHIND if share >= BUSY_SHARE_OF_LOOK else STAY
     if share < STARVED_SHARE and peers_share is not None and peers_share >= BUSY_SHARE_OF_LOOK:
@@ -344,7 +353,9 @@ class Session:
             if not self.behind:
                 self.behind = True
                 kernel.sandbox.background(True)
-            self._look_at_cpu(kernel, None, None, BUSY_LOOK_S)
+            # Behind the host already when a long cell before this one left it there.
+            moved = kernel.sandbox.behind_the_host
+            self._look_at_cpu(kernel, None, None, BUSY_LOOK_S, moved)
 
         asked = time.perf_counter()
         try:
@@ -352,6 +363,7 @@ class Session:
                 waited_s = time.perf_counter() - asked
                 result = await run()
         finally:
+            self.gate.note_long(self.id, False)
             if self._look is not None:
                 self._look.cancel()
                 self._look = None
@@ -382,11 +394,15 @@ class Session:
         if used is None or not self.behind or kernel.stopping:
             return  # a cell told to stop stays level with the host (KernelClient._signal)
         if used_before is not None:
+            assert self.gate is not None
+            share = (used - used_before) / interval_s
+            self.gate.note_long(self.id, share >= CROWD_SHARE)
             peers_share = None if peers is None or peers_before is None else (peers - peers_before)
             move = cpu_move(
                 moved,
-                (used - used_before) / interval_s,
+                share,
                 None if peers_share is None else peers_share / interval_s,
+                self.gate.crowded,
             )
             if move == BEHIND:
                 sandbox.background(True, busy=True)
