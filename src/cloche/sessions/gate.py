@@ -12,10 +12,10 @@ sleep, a wait for an LLM) gives it up and goes on without one, so long cells nev
 short ones; the `overran` callback lets the caller lower such a cell's CPU weight, so
 that it takes what the short cells leave.
 
-The gate also knows the crowd: sessions whose long cells were seen using the CPU
-(`note_long`). More of them than cores (fifty downloads) are `crowded`: then none of them is
-put behind the host's processes, where sandboxes get only the CPU left over, unevenly
-(sessions/session.py `cpu_move`).
+The gate also knows the crowd: sessions whose long cells were seen using the CPU, or
+behind the host's processes (`note_long`). More of them than cores (fifty downloads) are
+`crowded`: then none of them is put behind the host's processes, where sandboxes get only
+the CPU left over, unevenly (sessions/session.py `cpu_move`).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class CellGate:
         self._long: set[str] = set()  # sessions whose long cell used the CPU at its last look
 
     def note_long(self, session_id: str, busy: bool) -> None:
-        """Whether a session's cell past its slice used the CPU when last looked at (False
-        once it ends)."""
+        """Whether a session's cell past its slice used the CPU (or was behind the host) when
+        last looked at; False once it ends."""
         if busy:
             self._long.add(session_id)
         else:

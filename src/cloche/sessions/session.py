@@ -41,6 +41,9 @@ _ROUTINE = frozenset({CellStatus.OK, CellStatus.ERROR})
 # Sandbox.background). A cell that sleeps or waits (for an LLM, or a one-shot request's
 # `time.sleep`) is not: waking behind them, it would wait for every pool refill to end.
 BUSY_LOOK_S = 0.02
+# At most: a sandbox starved behind the host waits this long to come level (with 1 s, the
+# slowest of fifty downloads got 2-3x less than the fastest; with 0.25 s, 1.3-1.5x). Fifty
+# long cells cost ~200 looks a second, two reads of cgroup files each.
 BUSY_LOOK_MAX_S = 0.25
 # Behind the host, a sandbox gets the CPU only when nothing else wants it. Other sandboxes
 # whose cells run long but were never busy enough to go there (fifty downloads on two
@@ -49,11 +52,12 @@ BUSY_LOOK_MAX_S = 0.25
 # comes level again (one of fifty downloading sessions got 0.2 MiB/s, another 32).
 BUSY_SHARE_OF_LOOK = 0.5
 STARVED_SHARE = 0.125
-# A long cell whose sandbox used this share of a core counts in the crowd (CellGate.crowded):
-# more such cells than cores all stay level with the host. Behind it, sandboxes share what
-# the host leaves unevenly: of fifty sessions downloading at once, half got no byte in 5 s
-# while one got 900 MiB; level, the slowest got 1.5x less than the fastest
-# (BENCHMARKS.md, egress).
+# A long cell whose sandbox used this share of a core, or is behind the host (starved there,
+# it could not show it wants more), counts in the crowd (CellGate.crowded): more such cells
+# than cores all stay level with the host. Behind it, sandboxes share what the host leaves
+# unevenly (and each move behind and back costs the mover a cgroup migration): of fifty
+# sessions downloading at once, half got no byte in 5 s while one got 900 MiB; level, the
+# slowest got 1.1-1.8x less than the fastest (BENCHMARKS.md, egress).
 CROWD_SHARE = 0.02
 BEHIND, LEVEL, STAY = "behind", "level", "stay"
 
@@ -396,7 +400,8 @@ class Session:
         if used_before is not None:
             assert self.gate is not None
             share = (used - used_before) / interval_s
-            self.gate.note_long(self.id, share >= CROWD_SHARE)
+            # Behind, it may be starved: it counts as busy (else it could not show it is).
+            self.gate.note_long(self.id, moved or share >= CROWD_SHARE)
             peers_share = None if peers is None or peers_before is None else (peers - peers_before)
             move = cpu_move(
                 moved,
