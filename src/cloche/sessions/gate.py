@@ -43,7 +43,7 @@ class CellGate:
         self.waiting = 0  # cells waiting for a place now
         self.overruns = 0  # cells that outran their slice
         self.cores = os.cpu_count() or 1
-        self._long: set[str] = set()  # sessions whose long cell used the CPU at its last look
+        self._long: set[str] = set()  # sessions whose long cell was busy at its last look
 
     def note_long(self, session_id: str, busy: bool) -> None:
         """Whether a session's cell past its slice used the CPU (or was behind the host) when
@@ -55,7 +55,7 @@ class CellGate:
 
     @property
     def crowded(self) -> bool:
-        """More long cells using the CPU than cores."""
+        """More long cells busy (or behind the host) than cores."""
         return len(self._long) > self.cores
 
     @contextlib.asynccontextmanager
