@@ -7,7 +7,7 @@ import functools
 import getpass
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from cloche.client.aio import DEFAULT_URL
@@ -37,6 +37,16 @@ def add_egress_option(parser: argparse.ArgumentParser) -> None:
         help="network for a new session: one of the server's egress policies (default: the "
         "server's default policy, if any; else no network)",
     )
+
+
+def add_subcommand_options(actions: Sequence[argparse.ArgumentParser]) -> None:
+    """--json and the connection options on each subcommand, keeping what the command
+    itself was given (`cloche sessions --json list` and `cloche sessions list --json`)."""
+    for action in actions:
+        action.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+        )
+        add_connection_options(action, inherited=True)
 
 
 def add_connection_options(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:

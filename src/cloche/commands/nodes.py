@@ -9,7 +9,12 @@ import os
 import socket
 from typing import Any
 
-from cloche.commands.common import add_connection_options, client_of, reports_errors
+from cloche.commands.common import (
+    add_connection_options,
+    add_subcommand_options,
+    client_of,
+    reports_errors,
+)
 
 
 def add(subparsers: Any) -> None:
@@ -49,11 +54,7 @@ def add(subparsers: Any) -> None:
             metavar="SECONDS",
             help="move sessions for this long at most (default: the server's --node-grace)",
         )
-    for action in (listing, drain, resume, leave):
-        action.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
-        )
-        add_connection_options(action, inherited=True)
+    add_subcommand_options([listing, drain, resume, leave])
 
 
 @reports_errors("nodes")

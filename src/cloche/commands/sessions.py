@@ -14,6 +14,7 @@ from cloche.client.execution import Cell
 from cloche.commands.common import (
     add_connection_options,
     add_egress_option,
+    add_subcommand_options,
     client_of,
     describe,
     reports_errors,
@@ -99,11 +100,9 @@ def add(subparsers: Any) -> None:
     resume = actions.add_parser("resume", help="bring paused sessions back now")
     resume.add_argument("ids", nargs="+", metavar="ID")
     resume.set_defaults(handler=_resume)
-    for action in (listing, create, show, history, label, close, snapshot, fork, pause, resume):
-        action.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
-        )
-        add_connection_options(action, inherited=True)
+    add_subcommand_options(
+        [listing, create, show, history, label, close, snapshot, fork, pause, resume]
+    )
 
 
 def _pair(text: str) -> tuple[str, str]:

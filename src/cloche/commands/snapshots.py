@@ -6,7 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from cloche.commands.common import add_connection_options, client_of, reports_errors
+from cloche.commands.common import (
+    add_connection_options,
+    add_subcommand_options,
+    client_of,
+    reports_errors,
+)
 from cloche.commands.sessions import snapshot_json
 
 
@@ -27,11 +32,7 @@ def add(subparsers: Any) -> None:
     delete = actions.add_parser("delete", help="delete snapshots")
     delete.add_argument("ids", nargs="+", metavar="ID")
     delete.set_defaults(handler=_delete)
-    for action in (listing, delete):
-        action.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
-        )
-        add_connection_options(action, inherited=True)
+    add_subcommand_options([listing, delete])
 
 
 @reports_errors("snapshots")
