@@ -28,16 +28,23 @@ ADMIN = {"Authorization": "Bearer boss"}
 Frame = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def cluster(state_root: Path) -> Iterator[ServerThread]:
+@contextlib.contextmanager
+def admin_cluster(state_dir: Path) -> Iterator[ServerThread]:
+    """Two nodes; a user's token t1 and an admin's, boss."""
     config = make_config(
-        state_root,
+        state_dir,
         cluster="local:2",
         tokens=frozenset({"t1"}),
         admin_tokens=frozenset({"boss"}),
         pool_size=1,
     )
     with cluster_server(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def cluster(state_root: Path) -> Iterator[ServerThread]:
+    with admin_cluster(state_root) as running:
         yield running
 
 

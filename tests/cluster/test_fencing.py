@@ -14,40 +14,24 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from support import NOTHING_LEFT, ServerThread, cluster_server, leftovers, make_config
+from support import NOTHING_LEFT, ServerThread, leftovers
 
-from .test_cluster_events import Stream, events
+from .test_cluster_events import USER, Stream, admin_cluster, client, events, node_ids
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
-USER = {"Authorization": "Bearer t1"}
-ADMIN = {"Authorization": "Bearer boss"}
 DEAD_WITHIN_S = 60.0  # the front end's heartbeat deadline is 5 s; a loaded machine is slow
 BACK_WITHIN_S = 240.0  # fenced, then a new agent started (its pool filled) and joined
 
 
 @pytest.fixture(scope="module")
 def cluster(state_root: Path) -> Iterator[ServerThread]:
-    config = make_config(
-        state_root / "fencing",
-        cluster="local:2",
-        tokens=frozenset({"t1"}),
-        admin_tokens=frozenset({"boss"}),
-        pool_size=1,
-    )
-    with cluster_server(config) as running:
+    with admin_cluster(state_root / "fencing") as running:
         yield running
-
-
-def client(server: ServerThread, headers: dict[str, str]) -> httpx.Client:
-    return httpx.Client(
-        base_url=f"http://127.0.0.1:{server.http_port}", headers=headers, timeout=120
-    )
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float) -> None:
@@ -55,13 +39,6 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float) -> None
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def cluster_nodes(server: ServerThread) -> dict[str, dict[str, Any]]:
-    with client(server, ADMIN) as admin:
-        response = admin.get("/v1/cluster")
-    assert response.status_code == 200, response.text
-    return {node["id"]: node for node in response.json()["nodes"]}
 
 
 def run(http: httpx.Client, session_id: str, code: str) -> httpx.Response:
@@ -100,7 +77,7 @@ def test_a_node_declared_dead_that_comes_back_fences_itself_and_rejoins_as_new(
 ) -> None:
     state_dir = cluster.config.state_dir
     data_dir = cluster.config.data_dir
-    before = cluster_nodes(cluster)
+    before = node_ids(cluster)
     assert len(before) == 2 and {n["state"] for n in before.values()} == {"alive"}
     with client(cluster, USER) as http, events(http) as stream:
         made: list[str] = []
@@ -135,7 +112,7 @@ def test_a_node_declared_dead_that_comes_back_fences_itself_and_rejoins_as_new(
         stopped_at = time.monotonic()
         with frozen(pid):
             wait_for(
-                lambda: cluster_nodes(cluster)[victim]["state"] == "dead",
+                lambda: node_ids(cluster)[victim]["state"] == "dead",
                 "the frozen node to be declared dead",
                 DEAD_WITHIN_S,
             )
@@ -159,15 +136,15 @@ def test_a_node_declared_dead_that_comes_back_fences_itself_and_rejoins_as_new(
         wait_for(lambda: process_gone(pid), "the fenced agent's process to end", BACK_WITHIN_S)
 
         def successor() -> str | None:
-            fresh = [i for i, n in cluster_nodes(cluster).items() if i not in before]
-            alive = [i for i in fresh if cluster_nodes(cluster)[i]["state"] == "alive"]
+            fresh = [i for i, n in node_ids(cluster).items() if i not in before]
+            alive = [i for i in fresh if node_ids(cluster)[i]["state"] == "alive"]
             return alive[0] if alive else None
 
         wait_for(lambda: successor() is not None, "a new node on the machine", BACK_WITHIN_S)
         new_id = successor()
         assert new_id is not None
         print(f"back as node {new_id} {time.monotonic() - thawed_at:.1f} s after SIGCONT")
-        now = cluster_nodes(cluster)
+        now = node_ids(cluster)
         assert now[victim]["state"] == "dead" and now[new_id]["pid"] != pid
         assert now[new_id]["sessions"] == 0 and now[new_id]["paused"] == 0  # nothing on it
         assert len(now) == 3
