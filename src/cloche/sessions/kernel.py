@@ -26,6 +26,7 @@ from cloche.errors import (
 )
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
 from cloche.sandbox.base import ExitStep, Sandbox
+from cloche.sessions.processes import ProcessTable
 from cloche.sessions.result import CellResult, CellStatus
 
 if TYPE_CHECKING:
@@ -152,6 +153,8 @@ class KernelClient:
         # session must not draw the same ones); a paused session resumed goes on exactly.
         self.reseed = True
         self.pip: KernelPip | None = None  # answers the cells' `%pip install`
+        # The sandbox's commands and terminals, beside the cells (`kernel.procd`).
+        self.processes = ProcessTable(self.send)
 
     @property
     def id(self) -> str:
@@ -391,6 +394,8 @@ class KernelClient:
                 self.pip.request(cell, message)
         elif op == "input":
             self._on_input(cell, message)
+        elif isinstance(op, str) and op.startswith("proc."):
+            self.processes.on_message(message)
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")
@@ -531,6 +536,7 @@ class KernelClient:
             self.death = "the sandbox exited unexpectedly"
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(KernelDied(self.death))
+        self.processes.lost(self.death)
         cell = self._cell
         if cell is not None and not cell.future.done():
             cell.result.streams = _joined(cell.result.streams)
