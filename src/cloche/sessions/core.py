@@ -45,7 +45,8 @@ from cloche.sessions.doors import EgressAsk, SessionDoors, egress_record, owner_
 from cloche.sessions.durable import Checkpoints
 from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
 from cloche.sessions.history import CellEntry, History, entry_of
-from cloche.sessions.kernel import EventCallback, KernelClient, LLMHookup
+from cloche.sessions.hookups import LLMHookup
+from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.manager import (
     READ_PIECE_BYTES,
     InstalledPackages,
