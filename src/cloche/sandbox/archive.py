@@ -19,6 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 _OPAQUE = "trusted.overlay.opaque"
+# tarfile's extraction filters (3.11.4+; Debian bookworm's 3.11.2 has none): each entry is
+# checked here first, then extracted as it is.
+_FILTERS = hasattr(tarfile, "fully_trusted_filter")
 _PAX_OPAQUE = f"SCHILY.xattr.{_OPAQUE}"
 
 
@@ -58,7 +61,7 @@ def unpack(archive: Path, directory: Path) -> None:
             a device other than a whiteout).
     """
     root = os.path.realpath(directory)
-    trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+    trusted = {"filter": "fully_trusted"} if _FILTERS else {}
     opaque: list[str] = []
     with tarfile.open(archive, mode="r:") as tar:
         for member in tar:

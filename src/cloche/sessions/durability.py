@@ -1,8 +1,8 @@
 """The verbs that save a session of one machine: pause, resume, snapshots, forks, restart,
 and paging idle sessions out to make room.
 
-The second layer of `LocalSessionManager` (`sessions.local`), over `sessions.core`'s live
-sessions; the durable form itself (runsc checkpoint and restore of one kernel, the images
+The third layer of `LocalSessionManager` (`sessions.local`), over `sessions.running`'s
+live sessions; the durable form itself (runsc checkpoint and restore of one kernel, the images
 on disk) is `sessions.durable`'s.
 """
 
@@ -31,12 +31,12 @@ from cloche.errors import (
     TooManySessions,
     UnknownProfile,
 )
-from cloche.sessions.core import LiveSessions
 from cloche.sessions.doors import egress_record, placeholders_of
 from cloche.sessions.durable import carry_disk
 from cloche.sessions.history import History
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import new_session_id
+from cloche.sessions.running import RunningSessions
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
@@ -49,7 +49,7 @@ log = logging.getLogger("cloche.session")
 FORK_IMAGE_COMPRESSED = False
 
 
-class DurableSessions(LiveSessions):
+class DurableSessions(RunningSessions):
     """Live sessions that can also be saved to disk and brought back, copied and forked."""
 
     def _paused_session(self, record: SessionRecord) -> Session:
