@@ -35,8 +35,7 @@ def test_code_runs_under_gvisor_not_the_host_kernel(client):
 
 def test_code_runs_as_an_unprivileged_user_without_capabilities(client):
     assert (
-        run(client, "import os; os.getuid(), os.getgid(), os.geteuid()")
-        == "(1000, 1000, 1000)\n"
+        run(client, "import os; os.getuid(), os.getgid(), os.geteuid()") == "(1000, 1000, 1000)\n"
     )
     status = run(client, "print(open('/proc/self/status').read())")
     cap_eff = next(line for line in status.splitlines() if line.startswith("CapEff"))

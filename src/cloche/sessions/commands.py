@@ -150,7 +150,9 @@ class Commands:
         self.finished = finished  # (session, spec, result, front end): history, events, metrics
         self._recorders: set[asyncio.Task[None]] = set()
 
-    def request_fields(self, spec: CommandSpec, sandbox: Any, env: Mapping[str, str]) -> dict[str, Any]:
+    def request_fields(
+        self, spec: CommandSpec, sandbox: Any, env: Mapping[str, str]
+    ) -> dict[str, Any]:
         """The supervisor's `proc.start` fields for spec.
 
         Raises:
@@ -176,7 +178,9 @@ class Commands:
             merged.setdefault("TERM", "xterm-256color")
         size = sum(len(a) for a in argv) + sum(len(k) + len(v) for k, v in merged.items())
         if size > MAX_ARGS_BYTES:
-            raise CommandFailed(f"the command and its environment hold {size} bytes, over {MAX_ARGS_BYTES}")
+            raise CommandFailed(
+                f"the command and its environment hold {size} bytes, over {MAX_ARGS_BYTES}"
+            )
         return {
             "argv": argv,
             "cwd": spec.cwd or (system.home if system is not None else None),

@@ -62,9 +62,7 @@ class Watcher:
 
     pid: int
     table: ProcessTable
-    queue: asyncio.Queue[tuple[Event, _Piece | None] | None] = field(
-        default_factory=asyncio.Queue
-    )
+    queue: asyncio.Queue[tuple[Event, _Piece | None] | None] = field(default_factory=asyncio.Queue)
     closed: bool = False
 
     def __aiter__(self) -> AsyncIterator[Event]:
