@@ -30,6 +30,7 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── CellNotFound            no cell of that number in a session's history
     │   ├── InvalidMetadata         a session's metadata of the wrong shape or too large
     │   ├── InvalidEnvironment      a session's env of the wrong shape or too large
+    │   ├── NotSupported            this server (a cluster's front end, say) does not offer that
     │   ├── CommandFailed           a command or terminal could not be started or reached
     │   │   └── ProcessNotFound     no running process of that pid in the session
     │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
@@ -194,6 +195,11 @@ class InvalidMetadata(SessionError):
 
 class InvalidEnvironment(SessionError):
     """Environment variables for a session of the wrong shape or too large."""
+
+
+class NotSupported(SessionError):
+    """What was asked is not offered by this server (a cluster's front end, a backend
+    without it); the message says what is."""
 
 
 class CommandFailed(SessionError):

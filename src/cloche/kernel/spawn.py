@@ -89,11 +89,16 @@ def start(what: Start) -> Started:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe() if what.stdin else (os.open(os.devnull, os.O_RDONLY), -1)
+    led_r, led_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the leader
-        _in_child(lambda: _lead(what, in_r, out_w, err_w))
-    for fd in (out_w, err_w, in_r):
+        _in_child(lambda: _lead(what, in_r, out_w, err_w, led_w))
+    for fd in (out_w, err_w, in_r, led_w):
         os.close(fd)
+    # Answered once the leader heads its session: a signal sent to the group right after
+    # the start reaches the command, not a process still in the supervisor's group.
+    os.read(led_r, 1)
+    os.close(led_r)
     for fd in (out_r, err_r, in_w):
         if fd >= 0:
             os.set_blocking(fd, False)
@@ -125,10 +130,11 @@ def set_size(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def _lead(what: Start, stdin: int, stdout: int, stderr: int) -> None:
+def _lead(what: Start, stdin: int, stdout: int, stderr: int, led: int) -> None:
     os.setsid()
     for number in _LEADER_IGNORES:
         signal.signal(number, signal.SIG_IGN)
+    os.write(led, b"!")
     _become(what, stdin, stdout, stderr)
     child = os.fork()
     if child == 0:

@@ -11,17 +11,17 @@ process's end is told (`command.finished`), counted, and kept in the session's h
 
 from __future__ import annotations
 
+import abc
 import asyncio
-import base64
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloche.errors import CommandFailed, Forbidden
-from cloche.sessions.processes import Exit, Output, ProcessTable, Watcher
+from cloche.errors import CommandFailed, Forbidden, NotSupported
+from cloche.sessions.processes import Event, Exit, Output, ProcessTable, Watcher
 
 DEFAULT_TIMEOUT_S = 60.0  # a foreground command's, as E2B's; 0: none
 MAX_ARGS_BYTES = 1 << 20  # a command line, its arguments and environment together
@@ -60,7 +60,9 @@ class CommandResult:
     stdout: str = ""
     stderr: str = ""
     status: str = "exited"  # exited, signaled, timeout, killed
-    end_reason: str = "ok"  # ok, error, signaled, timeout, killed, output_limit, sandbox_died
+    # ok, error, signaled, timeout, killed, output_limit, sandbox_died; paused: the caller's
+    # run ended because its session was paused (the process goes on in its image)
+    end_reason: str = "ok"
     duration_ms: float = 0.0
     dropped_bytes: int = 0  # output past --output-limit, not kept
 
@@ -113,7 +115,9 @@ class Collected:
         result.duration_ms = (time.perf_counter() - self.started) * 1000
         result.stdout = self.kept[1].decode(errors="replace")
         result.stderr = self.kept[2].decode(errors="replace")
-        if end is None or (end.exit_code is None and end.signal is None):
+        if end is not None and end.suspended:
+            result.status, result.end_reason = "killed", "paused"
+        elif end is None or (end.exit_code is None and end.signal is None):
             result.status, result.end_reason = "killed", "sandbox_died"
         elif self.ending is not None:
             result.status = result.end_reason = self.ending
@@ -220,7 +224,8 @@ class Commands:
             collected.ending = "killed"
             await asyncio.shield(self._kill_and_finish(table, pid, drain, session, spec, front_end))
             raise
-        self.finished(session, spec, result, front_end)
+        if result.end_reason != "paused":  # else its end is recorded once resumed
+            self.finished(session, spec, result, front_end)
         return result
 
     async def _kill_and_finish(
@@ -243,9 +248,24 @@ class Commands:
         spec: CommandSpec,
         *,
         front_end: str = "",
-    ) -> int:
-        """Start a command in the background; its pid. It is recorded when it ends."""
-        pid, (watcher,) = await table.start(**fields)
+        watchers: int = 0,
+    ) -> tuple[int, list[Watcher]]:
+        """Start a command in the background; its pid, and `watchers` more watchers of it
+        from its first output. It is recorded when it ends."""
+        pid, made = await table.start(watchers=1 + watchers, **fields)
+        self.follow(session, table, pid, made[0], spec, front_end)
+        return pid, made[1:]
+
+    def follow(
+        self,
+        session: Any,
+        table: ProcessTable,
+        pid: int,
+        watcher: Watcher,
+        spec: CommandSpec,
+        front_end: str,
+    ) -> None:
+        """Record a running process when it ends (not if its session is paused first)."""
         collected = Collected(pid, self.history_bytes)
 
         async def record() -> None:
@@ -262,12 +282,12 @@ class Commands:
             except asyncio.CancelledError:  # the server is stopping
                 watcher.close()
                 raise
-            self.finished(session, spec, result, front_end)
+            if result.end_reason != "paused":  # else its end is recorded once resumed
+                self.finished(session, spec, result, front_end)
 
         task = asyncio.ensure_future(record())
         self._recorders.add(task)
         task.add_done_callback(self._recorders.discard)
-        return pid
 
     async def stop(self) -> None:
         """Stop recording (the server stops)."""
@@ -310,10 +330,123 @@ def _signal_name(number: int | None) -> str | None:
         return str(number)
 
 
-def decode_output(data: str, encoding: str | None) -> bytes:
-    """Input sent as text or base64."""
-    return base64.b64decode(data) if encoding == "base64" else data.encode()
+class ProcessVerbs(abc.ABC):  # noqa: B024  # every verb has a default: it says it can't
+    """A session's processes, as front ends reach them: every manager has these verbs; one
+    that can't serve them (a cluster's front end, for now) says so (NotSupported).
+
+    All raise SessionNotFound for an unknown session or another owner's, and resume a
+    paused session first; ProcessNotFound for a pid that is not running.
+    """
+
+    async def run_command(
+        self,
+        session_id: str,
+        spec: CommandSpec,
+        *,
+        owner: str | None = None,
+        on_event: EventSink | None = None,
+        front_end: str = "",
+    ) -> CommandResult:
+        """Run a command to its end (or its timeout, or the caller's going: then killed).
+        on_event gets {"type": "start", "pid"}, then {"type": "stdout"|"stderr", "data":
+        bytes} as output comes.
+
+        Raises:
+            Forbidden: root asked of a server with --no-root.
+            CommandFailed: it could not be started (no such user, directory, ...).
+        """
+        raise NotSupported(_NOT_HERE)
+
+    async def start_command(
+        self, session_id: str, spec: CommandSpec, *, owner: str | None = None, front_end: str = ""
+    ) -> int:
+        """Start a command (or, with spec.pty, a terminal) in the background; its pid."""
+        raise NotSupported(_NOT_HERE)
+
+    async def open_command(
+        self, session_id: str, spec: CommandSpec, *, owner: str | None = None, front_end: str = ""
+    ) -> tuple[int, AsyncIterator[Event]]:
+        """Start a command (or, with spec.pty, a terminal) and listen to it from its very
+        first output: its pid, and its events until its end. Closing the events leaves the
+        process running (a terminal's caller hangs it up)."""
+        raise NotSupported(_NOT_HERE)
+
+    async def commands(self, session_id: str, owner: str | None = None) -> list[dict[str, Any]]:
+        """The session's running processes: pid, cmd, tag, pty, started_at, ..."""
+        raise NotSupported(_NOT_HERE)
+
+    async def watch_command(
+        self, session_id: str, pid: int, owner: str | None = None
+    ) -> AsyncIterator[Event]:
+        """A running process's output from now on, then its end (an Exit): listening
+        starts when this returns."""
+        raise NotSupported(_NOT_HERE)
+
+    async def command_input(
+        self, session_id: str, pid: int, data: bytes, *, eof: bool = False, owner: str | None = None
+    ) -> None:
+        """Write to a process's stdin (a terminal's input); eof closes it after data."""
+        raise NotSupported(_NOT_HERE)
+
+    async def signal_command(
+        self, session_id: str, pid: int, number: int, owner: str | None = None
+    ) -> None:
+        """Send a signal to a process's group."""
+        raise NotSupported(_NOT_HERE)
+
+    async def kill_command(self, session_id: str, pid: int, owner: str | None = None) -> None:
+        """Kill a process and everything it started."""
+        raise NotSupported(_NOT_HERE)
+
+    async def resize_terminal(
+        self, session_id: str, pid: int, cols: int, rows: int, owner: str | None = None
+    ) -> None:
+        """Set a terminal's size."""
+        raise NotSupported(_NOT_HERE)
+
+    async def hang_up(self, session_id: str, pid: int, owner: str | None = None) -> None:
+        """Hang a terminal up: SIGHUP to its processes, SIGKILL to what is left after a
+        grace."""
+        raise NotSupported(_NOT_HERE)
 
 
-def argv_of(args: Sequence[str] | None) -> tuple[str, ...] | None:
-    return None if args is None else tuple(str(a) for a in args)
+_NOT_HERE = "commands and terminals are not offered by this server (a cluster's front end)"
+
+
+class ForwardedProcessVerbs(ProcessVerbs):
+    """The process verbs of a manager that wraps another (`inner`): passed on as they are."""
+
+    @property
+    def _verbs(self) -> ProcessVerbs:
+        inner: ProcessVerbs = getattr(self, "inner")  # noqa: B009  # the wrapper's own
+        return inner
+
+    async def run_command(self, *args: Any, **kwargs: Any) -> CommandResult:
+        return await self._verbs.run_command(*args, **kwargs)
+
+    async def start_command(self, *args: Any, **kwargs: Any) -> int:
+        return await self._verbs.start_command(*args, **kwargs)
+
+    async def open_command(self, *args: Any, **kwargs: Any) -> tuple[int, AsyncIterator[Event]]:
+        return await self._verbs.open_command(*args, **kwargs)
+
+    async def commands(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return await self._verbs.commands(*args, **kwargs)
+
+    async def watch_command(self, *args: Any, **kwargs: Any) -> AsyncIterator[Event]:
+        return await self._verbs.watch_command(*args, **kwargs)
+
+    async def command_input(self, *args: Any, **kwargs: Any) -> None:
+        await self._verbs.command_input(*args, **kwargs)
+
+    async def signal_command(self, *args: Any, **kwargs: Any) -> None:
+        await self._verbs.signal_command(*args, **kwargs)
+
+    async def kill_command(self, *args: Any, **kwargs: Any) -> None:
+        await self._verbs.kill_command(*args, **kwargs)
+
+    async def resize_terminal(self, *args: Any, **kwargs: Any) -> None:
+        await self._verbs.resize_terminal(*args, **kwargs)
+
+    async def hang_up(self, *args: Any, **kwargs: Any) -> None:
+        await self._verbs.hang_up(*args, **kwargs)

@@ -453,7 +453,7 @@ class LiveSessions(SessionManager):
             now = time.monotonic()
             wall = time.time()
             for session in list(self._sessions.values()):
-                idle_s = now - session.last_active
+                idle_s = 0.0 if session.in_use else now - session.last_active
                 if session.dead:
                     self._forget(session, "lost")
                 elif session.state in (SessionState.IDLE, SessionState.PAUSED) and (

@@ -33,13 +33,13 @@ from cloche.errors import (
     TooManySessions,
 )
 from cloche.sandbox.layers import System
+from cloche.sessions.computers import ComputerSessions
 from cloche.sessions.doors import egress_record, placeholders_of
 from cloche.sessions.durable import pack_disk
 from cloche.sessions.history import History
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import new_session_id
 from cloche.sessions.profiles import PYTHON
-from cloche.sessions.running import RunningSessions
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
@@ -52,7 +52,7 @@ log = logging.getLogger("cloche.session")
 FORK_IMAGE_COMPRESSED = False
 
 
-class DurableSessions(RunningSessions):
+class DurableSessions(ComputerSessions):
     """Live sessions that can also be saved to disk and brought back, copied and forked."""
 
     def _paused_session(self, record: SessionRecord) -> Session:
@@ -194,6 +194,7 @@ class DurableSessions(RunningSessions):
             self.store.save(self._record(session, RecordState.PAUSED, origin, reason))
             kernel = session.detach()
             assert kernel is not None
+            kernel.processes.lost("the session was paused", suspended=True)
             self._in_background(self._close_kernel(kernel, "paused"))
             self.observer.session_paused(reason, size)
             self._tell("session.paused", session, {"reason": reason, "image_bytes": size})
@@ -247,6 +248,7 @@ class DurableSessions(RunningSessions):
         session.attach(kernel)
         if session.egress is not None:
             await self.doors.open(session, session.egress)
+        await self._follow_running(session)
         self.store.save(self._record(session, RecordState.LIVE))
         await asyncio.to_thread(self.checkpoints.discard, home)
         seconds = time.perf_counter() - started
@@ -346,7 +348,7 @@ class DurableSessions(RunningSessions):
         kernel = await self._restore(home, record.origin, record.profile, record.template)
         self.observer.snapshot_restored(time.perf_counter() - started)
         history = await asyncio.to_thread(History.load, home, self.config.history_cells)
-        return self._adopt(
+        session = self._adopt(
             kernel,
             record.owner_key,
             record.profile,
@@ -356,6 +358,8 @@ class DurableSessions(RunningSessions):
             template=record.template,
             env=record.env,
         )
+        await self._follow_running(session)
+        return session
 
     async def _restore(
         self, home: Path, origin: str, profile: str, template: str = PYTHON
@@ -460,6 +464,8 @@ class DurableSessions(RunningSessions):
                 for copy in made:
                     copy.placeholders = dict(session.placeholders)
                     await self.doors.open(copy, session.egress)
+            for copy in made:  # each copy's processes go on, its own
+                await self._follow_running(copy)
             self.observer.forked(count, time.perf_counter() - started)
             for copy in made:
                 data = {"from": session.id, "profile": copy.profile, "metadata": copy.metadata}

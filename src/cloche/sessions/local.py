@@ -171,6 +171,7 @@ class LocalSessionManager(MovableSessions):
     async def _free(self) -> None:
         """Once every session is paused or closed: their doors, the sandboxes' state."""
         await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.command_runs.stop()
         await self.doors.close_all()
         await asyncio.to_thread(self.backend.shutdown)
         self.store.close()

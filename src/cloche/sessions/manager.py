@@ -22,6 +22,7 @@ from typing import Any
 
 from cloche.errors import InvalidEnvironment, InvalidMetadata, NodeNotFound, PackageInstallError
 from cloche.sandbox.files import FileListing
+from cloche.sessions.commands import ProcessVerbs
 from cloche.sessions.doors import EgressAsk
 from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
@@ -123,7 +124,7 @@ def matches(
     return all(info.metadata.get(k) == v for k, v in (metadata or {}).items())
 
 
-class SessionManager(abc.ABC):
+class SessionManager(ProcessVerbs, abc.ABC):
     """Creates, finds, runs, expires and closes sessions."""
 
     @abc.abstractmethod

@@ -40,11 +40,13 @@ class Output:
 
 @dataclass(frozen=True)
 class Exit:
-    """A process's end: its exit code, or the signal that ended it."""
+    """A process's end: its exit code, or the signal that ended it; neither when its
+    sandbox was lost (or, suspended, paused: it goes on when the session is resumed)."""
 
     pid: int
     exit_code: int | None
     signal: int | None
+    suspended: bool = False
 
 
 Event = Output | Exit
@@ -230,13 +232,16 @@ class ProcessTable:
         if self.on_exit is not None:
             self.on_exit(end)
 
-    def lost(self, why: str) -> None:
-        """The kernel is gone: every request fails, every watcher ends (no exit code)."""
+    def lost(self, why: str, *, suspended: bool = False) -> None:
+        """The kernel is gone: every request fails, every watcher ends (no exit code;
+        suspended: its processes go on in the session's saved image)."""
+        if self.lost_why is not None:
+            return
         self.lost_why = why
         for answer in self._asked.values():
             if not answer.done():
                 answer.set_result({"error": why})
         for pid, watchers in list(self._watchers.items()):
             for watcher in watchers:
-                watcher.queue.put_nowait((Exit(pid, None, None), None))
+                watcher.queue.put_nowait((Exit(pid, None, None, suspended), None))
         self._watchers.clear()

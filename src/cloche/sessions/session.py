@@ -135,7 +135,7 @@ class Session:
         self.files = WorkdirFiles(sandbox.workdir, uid, gid, sandbox.limits.disk_mib * MIB)
         self.kernel = kernel
         self.state = SessionState.IDLE
-        self._idle_from_now()
+        self.idle_from_now()
 
     def detach(self) -> KernelClient | None:
         """The session is saved: it goes on without a sandbox. Returns the kernel to close."""
@@ -299,7 +299,7 @@ class Session:
             if self.state is SessionState.BUSY:
                 self.state = SessionState.IDLE
             self._lock.release()
-            self._idle_from_now()
+            self.idle_from_now()
 
     async def _snapshot(self) -> Snapshot:
         """The working directory's files; walked right here when the last walk saw only a
@@ -309,7 +309,7 @@ class Session:
             return self.files.snapshot()
         return await asyncio.to_thread(self.files.snapshot)
 
-    def _idle_from_now(self) -> None:
+    def idle_from_now(self) -> None:
         """(Re)start the clock after which an idle session's sandbox is frozen."""
         if self._freeze_idle_s <= 0 or self.kernel is None:
             return
@@ -325,7 +325,12 @@ class Session:
 
     @property
     def _idle(self) -> bool:
-        return self.state is SessionState.IDLE and not self._lock.locked() and self.usable
+        return (
+            self.state is SessionState.IDLE
+            and not self._lock.locked()
+            and self.usable
+            and not self.in_use
+        )
 
     def _freeze_if_idle(self) -> None:
         """The idle period is over: watch the sandbox's CPU use for FREEZE_PROBE_S."""
@@ -350,7 +355,7 @@ class Session:
         elapsed = asyncio.get_running_loop().time() - since
         if used_before is not None and used is not None and elapsed > 0:
             if (used - used_before) / elapsed > BUSY_SHARE:
-                self._idle_from_now()  # working on its own: look again a period later
+                self.idle_from_now()  # working on its own: look again a period later
                 return
         sandbox.freeze()  # thawed by the next cell, interrupt or close
 

@@ -142,6 +142,11 @@ class CellOut(BaseModel):
     files_changed: list[str]
     front_end: str = Field(description="Which front end sent it: http, tcp, mcp, jupyter, ui")
     message: str | None = Field(description="What cloche said about it (a limit, a loss)")
+    kind: str = Field(
+        default="cell",
+        description="cell; command (a process: code is its command line); terminal",
+    )
+    exit_code: int | None = Field(default=None, description="A command's, when it exited")
 
 
 class CellList(BaseModel):
