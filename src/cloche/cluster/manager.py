@@ -43,7 +43,7 @@ from cloche.errors import (
     SnapshotNotFound,
     TooManySessions,
 )
-from cloche.sandbox.files import FileListing
+from cloche.sandbox.listing import FileListing
 from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import (

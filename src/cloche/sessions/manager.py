@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
 from typing import Any
 
 from cloche.errors import InvalidMetadata, NodeNotFound, PackageInstallError
-from cloche.sandbox.files import FileListing
+from cloche.sandbox.listing import FileListing
 from cloche.sessions.doors import EgressAsk
 from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback

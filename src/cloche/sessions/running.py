@@ -17,7 +17,8 @@ from dataclasses import replace
 from cloche.errors import CellNotFound, KernelDied, SessionNotFound
 from cloche.packages.bridge import SilentRun
 from cloche.protocol.paths import normalise
-from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
+from cloche.sandbox.files import StreamedFile, WorkdirFiles
+from cloche.sandbox.listing import FileListing
 from cloche.sessions.core import LiveSessions
 from cloche.sessions.history import CellEntry, entry_of
 from cloche.sessions.kernel import EventCallback
