@@ -29,6 +29,9 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── SnapshotNotFound        unknown, deleted, or someone else's snapshot
     │   ├── CellNotFound            no cell of that number in a session's history
     │   ├── InvalidMetadata         a session's metadata of the wrong shape or too large
+    │   ├── InvalidEnvironment      a session's env of the wrong shape or too large
+    │   ├── CommandFailed           a command or terminal could not be started or reached
+    │   │   └── ProcessNotFound     no running process of that pid in the session
     │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
     │   ├── CheckpointFailed        a session could not be saved (it keeps running)
     │   │   └── StorageFull         --data-dir is at its budget, or its disk is full
@@ -187,6 +190,19 @@ class CellNotFound(SessionError):
 
 class InvalidMetadata(SessionError):
     """Metadata that is not string keys and values within the limits (operations.md)."""
+
+
+class InvalidEnvironment(SessionError):
+    """Environment variables for a session of the wrong shape or too large."""
+
+
+class CommandFailed(SessionError):
+    """A command or terminal could not be started or reached: no such user or directory,
+    a program that can't run, a process supervisor that is gone; the message says which."""
+
+
+class ProcessNotFound(CommandFailed):
+    """No running process of that pid in the session (it ended, or never was)."""
 
 
 class RestoreRefused(SessionError):

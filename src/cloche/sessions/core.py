@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
+import json
 import logging
 import os
 import sys
@@ -25,23 +26,27 @@ from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, ServerConfig
 from cloche.errors import (
+    SandboxError,
     SessionLost,
     SessionMoved,
     SessionNotFound,
+    UnknownProfile,
 )
 from cloche.packages.bridge import KernelPip
 from cloche.packages.installer import Installer
 from cloche.packages.profiles import ProfileCatalog
 from cloche.sandbox.base import Backend
+from cloche.sandbox.layers import System
 from cloche.sessions.doors import EgressAsk, SessionDoors, egress_record, owner_tag, placeholders_of
 from cloche.sessions.durable import Checkpoints
 from cloche.sessions.ends import Ends
 from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
 from cloche.sessions.history import History
-from cloche.sessions.hookups import LLMHookup
+from cloche.sessions.hookups import LLMHookup, TemplateSystems
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import (
     SessionManager,
+    check_env,
     check_metadata,
     matches,
     new_session_id,
@@ -49,6 +54,8 @@ from cloche.sessions.manager import (
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.pools import ProfilePools
+from cloche.sessions.profiles import PYTHON
+from cloche.sessions.result import CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
 
@@ -56,6 +63,7 @@ if TYPE_CHECKING:
     from cloche.egress.service import Egress
 
 log = logging.getLogger("cloche.session")
+ENV_TIMEOUT_S = 30.0  # for a new session's kernel to take its environment
 
 
 class LiveSessions(SessionManager):
@@ -70,8 +78,10 @@ class LiveSessions(SessionManager):
         observer: Observer | None = None,
         egress: Egress | None = None,
         llm: LLMHookup | None = None,
+        templates: TemplateSystems | None = None,
     ) -> None:
         self.config = config
+        self.templates = templates  # the templates sessions may be made of, beside python
         self.egress = egress  # the server's egress policies
         self.doors = SessionDoors(egress)  # the sessions' ways out, by session id
         self.backend = backend
@@ -82,7 +92,9 @@ class LiveSessions(SessionManager):
             config.packages, sys.executable, config.runtime_dir, self.observer
         )
         setup = llm.setup_code if llm is not None else ""  # run by every new sandbox
-        self.profile_pools = ProfilePools(config, backend, self.observer, self.installer, setup)
+        self.profile_pools = ProfilePools(
+            config, backend, self.observer, self.installer, setup, self._system_of
+        )
         self.store = Store(config.data_dir, config.data_max_mib * MIB)
         self.checkpoints = Checkpoints(self.store, backend, config.limits, config.max_frame_bytes)
         self._sessions: dict[str, Session] = {}
@@ -127,8 +139,31 @@ class LiveSessions(SessionManager):
     async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
         await self.profile_pools.wait_ready(profile, timeout_s)
 
-    async def _pool(self, name: str) -> WarmPool:
-        return await self.profile_pools.get(name)
+    async def _pool(self, name: str, template: str = PYTHON) -> WarmPool:
+        return await self.profile_pools.get(name, template)
+
+    def _system_of(self, template: str) -> System:
+        """A template's system, for its sessions' sandboxes.
+
+        Raises:
+            TemplateNotFound, TemplateNotReady, TemplateFailed: it can't serve.
+        """
+        if self.templates is None:
+            raise UnknownProfile(f"no template {template!r} here: this server has python alone")
+        return self.templates.system(template)
+
+    async def _set_env(self, kernel: KernelClient, env: Mapping[str, str]) -> None:
+        """Put variables into a kernel's environment (its commands get them from the
+        session's record).
+
+        Raises:
+            SandboxError: the kernel could not set them.
+        """
+        code = f"import os\nos.environ.update({json.dumps(dict(env))})"
+        result = await kernel.execute(code, timeout_s=ENV_TIMEOUT_S, silent=True)
+        if result.status is not CellStatus.OK:
+            why = result.error["evalue"] if result.error else result.message
+            raise SandboxError(f"could not set the session's environment: {why}")
 
     def profiles(self) -> list[dict[str, Any]]:
         """Every profile with its state and packages (blocking: reads runtimes' listings)."""
@@ -151,8 +186,11 @@ class LiveSessions(SessionManager):
         egress: EgressAsk = None,
         metadata: Mapping[str, str] | None = None,
         cell_timeout_s: float | None = None,
+        template: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> SessionInfo:
         labels = check_metadata(metadata or {})
+        variables = check_env(env or {})
         if egress is None and self.catalog is not None:  # the profile's own, if it has one
             status = self.catalog.statuses.get(profile)
             if status is not None and status.spec is not None:
@@ -166,9 +204,22 @@ class LiveSessions(SessionManager):
                 policy = self.doors.policy_again(taken, snapshot)
             session = await self._from_snapshot(snapshot, owner, labels if metadata else None)
         else:
-            session = await self._create(owner, profile, labels)
+            session = await self._create(owner, profile, labels, template or PYTHON)
+        changed = False
         if cell_timeout_s is not None and cell_timeout_s > 0:
             session.cell_timeout_s = min(cell_timeout_s, self.limits.cell_timeout_s)
+            changed = True
+        if variables:
+            try:
+                assert session.kernel is not None
+                await self._set_env(session.kernel, variables)
+            except BaseException:
+                self._remove(session, "lost")
+                await self._close(session, "lost")
+                raise
+            session.env = {**session.env, **variables}
+            changed = True
+        if changed:
             await asyncio.to_thread(self.store.save, self._record(session, RecordState.LIVE))
         if policy is not None:
             session.placeholders = placeholders
@@ -179,7 +230,7 @@ class LiveSessions(SessionManager):
                 await self._close(session, "lost")
                 raise
         info = session.info()
-        data = {"profile": info.profile, "metadata": info.metadata}
+        data = {"profile": info.profile, "template": session.template, "metadata": info.metadata}
         self._tell("session.created", session, {**data, "snapshot": snapshot} if snapshot else data)
         return info
 
@@ -188,16 +239,20 @@ class LiveSessions(SessionManager):
         self.observer.event(kind, session.id, session.owner_key, data)
 
     async def _create(
-        self, owner: str | None, profile: str = "lean", metadata: dict[str, str] | None = None
+        self,
+        owner: str | None,
+        profile: str = "lean",
+        metadata: dict[str, str] | None = None,
+        template: str = PYTHON,
     ) -> Session:
-        pool = await self._pool(profile)
+        pool = await self._pool(profile, template)
         await self._room_for(1)
         self._creating += 1
         try:
             kernel = await pool.take()
         finally:
             self._creating -= 1
-        return self._adopt(kernel, owner_key(owner), profile, metadata=metadata)
+        return self._adopt(kernel, owner_key(owner), profile, metadata=metadata, template=template)
 
     def _adopt(
         self,
@@ -209,9 +264,11 @@ class LiveSessions(SessionManager):
         metadata: dict[str, str] | None = None,
         history: History | None = None,
         cell_timeout_s: float | None = None,
+        template: str = PYTHON,
+        env: Mapping[str, str] | None = None,
     ) -> Session:
         """A new session (new id) on a started kernel, with its record on disk (and the
-        metadata and history of the session it copies, if any)."""
+        metadata, history, template and environment of the session it copies, if any)."""
         session = Session(
             new_session_id(),
             kernel,
@@ -225,6 +282,8 @@ class LiveSessions(SessionManager):
         session.waker = self._wake
         session.metadata = dict(metadata or {})
         session.cell_timeout_s = cell_timeout_s
+        session.template = template
+        session.env = dict(env or {})
         session.history = history.copy() if history is not None else self._new_history()
         self._equip(session, kernel)
         self._sessions[session.id] = session
@@ -271,6 +330,8 @@ class LiveSessions(SessionManager):
             metadata=dict(session.metadata),
             cell_timeout_s=session.cell_timeout_s,
             paused_for=paused_for,
+            template=session.template,
+            env=dict(session.env),
         )
 
     @property

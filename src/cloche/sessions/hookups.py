@@ -6,7 +6,10 @@ cells). Whoever made the broker hands it down as an `LLMHookup` (`cloche.llm.bri
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from cloche.sandbox.layers import System
 
 
 class Channel(Protocol):
@@ -38,3 +41,14 @@ class LLMHookup(Protocol):
 
     def for_kernel(self, session_id: str, kernel: Channel) -> LLMRequests:
         """The answerer of one session's kernel, spending that session's budget."""
+
+
+class TemplateSystems(Protocol):
+    """The server's templates, as sessions need them (`cloche.sessions.templates`)."""
+
+    def system(self, name: str) -> System:
+        """The system a ready template gives its sandboxes.
+
+        Raises:
+            TemplateNotFound, TemplateNotReady, TemplateFailed: it can't serve.
+        """

@@ -27,6 +27,7 @@ from cloche.sandbox.base import ExitStep, Sandbox
 from cloche.sessions.hookups import LLMRequests
 from cloche.sessions.inflight import Cell, Stage
 from cloche.sessions.messages import parse_input_request
+from cloche.sessions.processes import ProcessTable
 from cloche.sessions.result import CellResult, CellStatus
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ class KernelClient:
         # session must not draw the same ones); a paused session resumed goes on exactly.
         self.reseed = True
         self.pip: KernelPip | None = None  # answers the cells' `%pip install`
+        # The sandbox's commands and terminals, beside the cells (`kernel.procd`).
+        self.processes = ProcessTable(self.send)
 
     @property
     def id(self) -> str:
@@ -328,6 +331,8 @@ class KernelClient:
                 self.pip.request(cell, message)
         elif op == "input":
             self._on_input(cell, message)
+        elif isinstance(op, str) and op.startswith("proc."):
+            self.processes.on_message(message)
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")
@@ -412,6 +417,7 @@ class KernelClient:
             self.death = "the sandbox exited unexpectedly"
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(KernelDied(self.death))
+        self.processes.lost(self.death)
         cell = self._cell
         if cell is not None and not cell.future.done():
             cell.gone(self.death, self.death_reason)

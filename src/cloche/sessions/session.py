@@ -67,6 +67,7 @@ class SessionInfo:
     queued_cells: int
     profile: str
     egress: dict[str, Any] | None = None  # the policy it was given ({policy, allow?}), if any
+    template: str = "python"  # the template its system is made of
     metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
     cell_timeout_s: float | None = None  # its cells' default time limit, if it has its own
     # What its sandbox has used, when asked for (listings): CPU time, s; memory now, bytes.
@@ -99,6 +100,9 @@ class Session:
         # Where its sandbox stands for the CPU while its cells take turns at the gate
         self.cpu = CpuPlacement(session_id, gate, lambda: self.kernel) if gate is not None else None
         self.profile = profile
+        self.template = "python"  # the template its system is made of
+        self.env: dict[str, str] = {}  # asked at its creation: its commands get it too
+        self.in_use = 0  # commands and terminals being watched: it is not idle meanwhile
         self.owner_key = owner_key
         self.kernel: KernelClient | None = None
         self.files: WorkdirFiles | None = None  # its working directory, while it runs
@@ -155,6 +159,7 @@ class Session:
             queued_cells=self._waiting,
             profile=self.profile,
             egress=self.egress.describe() if self.egress is not None else None,
+            template=self.template,
             metadata=dict(self.metadata),
             cell_timeout_s=self.cell_timeout_s,
             last_cell=_last_cell(self.history),
