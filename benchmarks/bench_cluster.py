@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from bench_core import scratch_dir
+from cleanup import scratch_dir
 from suite import Serve, serving
 
 HEADER = struct.Struct(">I")

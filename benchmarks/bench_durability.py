@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from bench_core import foreign_runsc, leftovers, scratch_dir
+from cleanup import foreign_runsc, leftovers, scratch_dir
 from suite import Serve, mem_available_kib
 
 GIB = 1024**3

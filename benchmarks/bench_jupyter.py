@@ -40,7 +40,7 @@ import httpx
 import websockets
 
 from bench_cluster import Cells, percentile
-from bench_core import scratch_dir
+from cleanup import scratch_dir
 from suite import Serve, serving
 
 

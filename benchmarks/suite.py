@@ -41,18 +41,7 @@ from typing import Any
 
 import httpx
 
-from bench_core import (
-    ECHO_LOOP,
-    MESSAGE,
-    WARMUP_S,
-    CommandSandbox,
-    Floor,
-    foreign_runsc,
-    leftovers,
-    processes_mentioning,
-    scratch_dir,
-    wait_ready,
-)
+from cleanup import foreign_runsc, leftovers, processes_mentioning, scratch_dir
 from cloche.bench import (
     HTTPCell,
     HTTPSessions,
@@ -67,6 +56,7 @@ from cloche.bench import (
 )
 from cloche.client.tcp import TCPClient
 from cloche.sessions.profiles import PROFILES
+from floor import ECHO_LOOP, MESSAGE, WARMUP_S, CommandSandbox, Floor, wait_ready
 
 BLOCK = 100
 POOL, DATA_POOL = 4, 1  # the warm pools of the main server
