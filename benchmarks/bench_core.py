@@ -42,12 +42,7 @@ from cloche.client.tcp import TCPClient
 from cloche.config import ServerConfig
 from cloche.server.app import Server
 from core_report import Row, Stats, Verdict, render
-from floor import (
-    WARMUP_S,
-    Echo,
-    Floor,
-    measure_unsandboxed,
-)
+from floor import WARMUP_S, Echo, Floor, measure_unsandboxed
 
 T = TypeVar("T")
 

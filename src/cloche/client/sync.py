@@ -24,12 +24,7 @@ from cloche.client._files import FileData
 from cloche.client.aio import AsyncClient, AsyncSession
 from cloche.client.execution import Cell, Execution
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
-from cloche.client.verbs import (
-    RLM_TIMEOUT_S,
-    DisplayCallback,
-    InputCallback,
-    OutputCallback,
-)
+from cloche.client.verbs import RLM_TIMEOUT_S, DisplayCallback, InputCallback, OutputCallback
 from cloche.errors import ClocheError
 
 T = TypeVar("T")

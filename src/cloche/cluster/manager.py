@@ -37,11 +37,7 @@ from cloche.errors import (
 from cloche.sandbox.listing import FileListing
 from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
-from cloche.sessions.manager import (
-    EgressAsk,
-    InstalledPackages,
-    check_metadata,
-)
+from cloche.sessions.manager import EgressAsk, InstalledPackages, check_metadata
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
 from cloche.sessions.store import SnapshotRecord

@@ -17,20 +17,12 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import (
-    Coroutine,
-    Mapping,
-)
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, ServerConfig
-from cloche.errors import (
-    SessionLost,
-    SessionMoved,
-    SessionNotFound,
-    UnknownProfile,
-)
+from cloche.errors import SessionLost, SessionMoved, SessionNotFound, UnknownProfile
 from cloche.packages.installer import Installer
 from cloche.packages.profiles import ProfileCatalog
 from cloche.sandbox.base import Backend
@@ -41,10 +33,7 @@ from cloche.sessions.ends import Ends
 from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
 from cloche.sessions.hookups import LLMHookup, TemplateSystems
 from cloche.sessions.kernel import KernelClient
-from cloche.sessions.manager import (
-    SessionManager,
-    matches,
-)
+from cloche.sessions.manager import SessionManager, matches
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.pools import ProfilePools
