@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 from cleanup import scratch_dir
-from suite import Serve, serving
+from serving import Serve, serving
 
 HEADER = struct.Struct(">I")
 

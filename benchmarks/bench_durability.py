@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 
 from cleanup import foreign_runsc, leftovers, scratch_dir
-from suite import Serve, mem_available_kib
+from serving import Serve, mem_available_kib
 
 GIB = 1024**3
 MIB = 1024**2

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cluster import percentile  # noqa: E402
 from cleanup import scratch_dir  # noqa: E402
-from suite import Serve, serving  # noqa: E402
+from serving import Serve, serving  # noqa: E402
 
 HOST = "127.0.0.2"
 

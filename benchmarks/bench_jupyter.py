@@ -41,7 +41,7 @@ import websockets
 
 from bench_cluster import Cells, percentile
 from cleanup import scratch_dir
-from suite import Serve, serving
+from serving import Serve, serving
 
 
 def message(msg_type: str, content: dict[str, Any], session: str) -> tuple[str, str]:
