@@ -29,12 +29,8 @@ ECHO_LOOP = (
     "        break\n"
     "    os.write(1, data)\n"
 )
-
-
 # A frame like the host sends the kernel: 4-byte length + JSON, 47 bytes in all.
 MESSAGE = encode_frame({"op": "exec", "code": "1+1", "output_limit": 1})
-
-
 WARMUP_S = 1.5  # clock_gettime traps for about a sandbox's first second (vDSO calibration)
 
 
