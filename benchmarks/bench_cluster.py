@@ -41,8 +41,8 @@ from typing import Any
 
 import httpx
 
-from bench_core import scratch_dir
-from suite import Serve, serving
+from cleanup import scratch_dir
+from serving import Serve, serving
 
 HEADER = struct.Struct(">I")
 

@@ -27,268 +27,29 @@ import argparse
 import asyncio
 import logging
 import os
-import re
-import select
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
+from cleanup import foreign_runsc, leftovers, runsc_root, scratch_dir
 from cloche.client.tcp import TCPClient
-from cloche.config import Limits, ServerConfig
-from cloche.protocol.framing import encode_frame
-from cloche.sandbox import mounts
-from cloche.sandbox.gvisor import GVisorBackend, GVisorSandbox
+from cloche.config import ServerConfig
 from cloche.server.app import Server
+from core_report import Row, Stats, Verdict, render
+from floor import WARMUP_S, Echo, Floor, measure_unsandboxed
 
 T = TypeVar("T")
 
 # What `cloche serve` mounts by default: .runtime/site-packages beside the virtualenv.
 DEFAULT_RUNTIME_DIR = Path(sys.prefix).parent / ".runtime" / "site-packages"
 
-# Echo whatever arrives on fd 0 back to fd 1; one byte first, to say it is up.
-ECHO_LOOP = (
-    "import os\n"
-    "os.write(1, b'R')\n"
-    "while True:\n"
-    "    data = os.read(0, 65536)\n"
-    "    if not data:\n"
-    "        break\n"
-    "    os.write(1, data)\n"
-)
-# A frame like the host sends the kernel: 4-byte length + JSON, 47 bytes in all.
-MESSAGE = encode_frame({"op": "exec", "code": "1+1", "output_limit": 1})
-WARMUP_S = 1.5  # clock_gettime traps for about a sandbox's first second (vDSO calibration)
 BLOCK = 100  # floor round trips and warm cells alternate in blocks of this many
-
-
-# -- statistics and the tables --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Summary of one sample set, in the unit it was taken in."""
-
-    n: int
-    p50: float
-    p90: float
-    p99: float
-    max: float
-
-    @classmethod
-    def of(cls, samples: list[float]) -> Stats:
-        if not samples:
-            raise ValueError("no samples")
-        if len(samples) == 1:
-            only = samples[0]
-            return cls(1, only, only, only, only)
-        cuts = statistics.quantiles(samples, n=100, method="inclusive")
-        return cls(len(samples), cuts[49], cuts[89], cuts[98], max(samples))
-
-
-@dataclass(frozen=True)
-class Row:
-    what: str
-    unit: str
-    stats: Stats
-
-
-@dataclass(frozen=True)
-class Verdict:
-    target: str
-    measured: str
-    verdict: str
-
-
-def fmt(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
-def render(verdicts: list[Verdict], rows: list[Row], markdown: bool) -> str:
-    """The targets table (ratios first), then every measurement."""
-    target_table = [
-        ["target", "measured", "verdict"],
-        *([v.target, v.measured, v.verdict] for v in verdicts),
-    ]
-    latency_table = [
-        ["measurement", "unit", "n", "p50", "p90", "p99", "max"],
-        *(
-            [
-                r.what,
-                r.unit,
-                str(r.stats.n),
-                fmt(r.stats.p50),
-                fmt(r.stats.p90) if r.stats.n >= 10 else "-",  # too few samples to mean much
-                fmt(r.stats.p99) if r.stats.n >= 20 else "-",
-                fmt(r.stats.max),
-            ]
-            for r in rows
-        ),
-    ]
-    return "\n\n".join(_table(t, markdown) for t in (target_table, latency_table)) + "\n"
-
-
-def _table(cells: list[list[str]], markdown: bool) -> str:
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    numeric = [i > 0 and all(_is_number(row[i]) for row in cells[1:]) for i in range(len(widths))]
-
-    def line(row: list[str]) -> str:
-        parts = [
-            cell.rjust(width) if right else cell.ljust(width)
-            for cell, width, right in zip(row, widths, numeric, strict=True)
-        ]
-        return "| " + " | ".join(parts) + " |" if markdown else "  ".join(parts).rstrip()
-
-    if markdown:
-        rule = "|" + "|".join(
-            "-" * (w + 1) + ":" if right else "-" * (w + 2)
-            for w, right in zip(widths, numeric, strict=True)
-        )
-        rule += "|"
-    else:
-        rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(cells[0]), rule, *(line(row) for row in cells[1:])])
-
-
-def _is_number(text: str) -> bool:
-    if text == "-":
-        return True
-    try:
-        float(text.replace(",", ""))
-    except ValueError:
-        return False
-    return True
-
-
-# -- the floor: a runsc sandbox built by cloche's backend, running an echo loop ------------
-
-
-class CommandSandbox(GVisorSandbox):
-    """A cloche gVisor sandbox whose process is `command` instead of the kernel.
-
-    Everything else (rootfs, mounts, working-directory tmpfs, limits, cgroup, runsc flags,
-    close, kill, cleanup) is GVisorSandbox's own.
-    """
-
-    def __init__(self, backend: GVisorBackend, command: list[str], limits: Limits) -> None:
-        super().__init__(backend, backend.new_id(), limits)
-        self.command = command
-
-
-class Echo:
-    """Round trips of MESSAGE to an echo process that has already said 'R'."""
-
-    def __init__(self, stdin: IO[bytes], stdout: IO[bytes]) -> None:
-        self.write_fd = stdin.fileno()
-        self.read_fd = stdout.fileno()
-
-    def once(self) -> None:
-        os.write(self.write_fd, MESSAGE)
-        got = 0
-        while got < len(MESSAGE):
-            chunk = os.read(self.read_fd, 65536)
-            if not chunk:
-                raise RuntimeError("the echo process closed its pipe")
-            got += len(chunk)
-
-    def timed(self, count: int) -> list[float]:
-        """count round trips, in µs."""
-        samples: list[float] = []
-        for _ in range(count):
-            started = time.perf_counter_ns()
-            self.once()
-            samples.append((time.perf_counter_ns() - started) / 1000)
-        return samples
-
-    def warm_up(self, count: int, min_s: float) -> None:
-        until = time.perf_counter() + min_s
-        done = 0
-        while done < count or time.perf_counter() < until:
-            self.once()
-            done += 1
-
-
-def wait_ready(stdout: IO[bytes], what: str, log_text: str = "", timeout_s: float = 30.0) -> None:
-    ready, _, _ = select.select([stdout], [], [], timeout_s)
-    if not ready or os.read(stdout.fileno(), 1) != b"R":
-        raise RuntimeError(f"{what} did not start: {log_text}")
-
-
-class Floor:
-    """cloche's gVisor backend, prepared, with one echo sandbox running."""
-
-    def __init__(self, state_dir: Path) -> None:
-        config = ServerConfig(backend="gvisor", state_dir=state_dir, runtime_dir=None)
-        self.backend = GVisorBackend(config)
-        self.limits = Limits()
-        self.sandbox: CommandSandbox | None = None
-        self.echo: Echo | None = None
-
-    def __enter__(self) -> Floor:
-        try:
-            self.backend.prepare()
-            self.sandbox = CommandSandbox(
-                self.backend, [self.backend.python, "-S", "-c", ECHO_LOOP], self.limits
-            )
-            self.sandbox.launch()
-            wait_ready(self.sandbox.stdout, "the echo sandbox", self.sandbox.startup_log())
-            self.echo = Echo(self.sandbox.stdin, self.sandbox.stdout)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close(grace_s=5.0)
-            self.sandbox = None
-        self.backend.shutdown()
-
-    def cold_run(self) -> float:
-        """One attached `runsc run` of `python3 -S -c pass`, start to exit, in ms."""
-        sandbox = CommandSandbox(
-            self.backend, [self.backend.python, "-S", "-c", "pass"], self.limits
-        )
-        try:
-            started = time.perf_counter()
-            sandbox.launch()
-            code = sandbox.wait(60.0)
-            elapsed = (time.perf_counter() - started) * 1000
-            if code != 0:
-                raise RuntimeError(f"runsc run exited {code}: {sandbox.startup_log()}")
-            return elapsed
-        finally:
-            sandbox.close(grace_s=5.0)
-
-
-def measure_unsandboxed(count: int) -> list[float]:
-    """The same echo loop as a plain subprocess (no gVisor), for context; in µs."""
-    process = subprocess.Popen(
-        [sys.executable, "-S", "-c", ECHO_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        wait_ready(process.stdout, "the unsandboxed echo process")
-        echo = Echo(process.stdin, process.stdout)
-        echo.warm_up(max(200, count // 10), 0.2)
-        return echo.timed(count)
-    finally:
-        process.stdin.close()
-        process.wait(10)
-        process.stdout.close()
 
 
 # -- cloche: a real server on a background thread ------------------------------------------
@@ -421,61 +182,6 @@ def measure_pool_misses(state_dir: Path, count: int, settle_s: float) -> list[fl
         if server.server.manager.pool.misses != count:
             raise RuntimeError("the pool_size=0 server counted fewer misses than samples")
     return samples
-
-
-# -- clean-up checks -----------------------------------------------------------------------
-
-
-def runsc_processes() -> list[str]:
-    done = subprocess.run(["pgrep", "-af", "runsc"], capture_output=True, text=True)
-    return [line for line in done.stdout.splitlines() if line.strip()]
-
-
-def foreign_runsc(base: Path) -> list[str]:
-    """runsc processes that this run did not start (another server, another test run)."""
-    return [p for p in runsc_processes() if str(base) not in p]
-
-
-def leftovers(base: Path) -> list[str]:
-    """What this run left behind: runsc processes, mounts, cgroups."""
-    found = [f"process: {p}" for p in runsc_processes() if str(base) in p]
-    found += [f"mount: {p}" for p in mounts.mounts_under(base)]
-    # Every state directory this process claimed is named <pid>-<random>.
-    found += [f"cgroup: {p}" for p in Path("/sys/fs/cgroup").glob(f"*/cloche/{os.getpid()}-*")]
-    return found
-
-
-def _runsc_root(command_line: str) -> str:
-    """The --root of a runsc command line (which server or test run it belongs to)."""
-    match = re.search(r"--root[= ](\S+)", command_line)
-    return match.group(1) if match else command_line[:120]
-
-
-@contextmanager
-def scratch_dir() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="cloche-bench-"))
-    try:
-        yield base
-    finally:
-        # After a crash mid-run, sandboxes of ours may still hold their mounts: their runsc
-        # processes name this directory (ours alone, from mkdtemp) on their command lines.
-        for pid in processes_mentioning(str(base)):
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for point in mounts.mounts_under(base):
-            mounts.unmount(point)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Processes (other than this one) whose command line contains text."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with suppress(OSError):
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-    return found
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -622,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     if left:
         print("\nWARNING: this run left things behind:\n  " + "\n  ".join(left), file=sys.stderr)
     if foreign_after:
-        roots = sorted({_runsc_root(p) for p in foreign_after})
+        roots = sorted({runsc_root(p) for p in foreign_after})
         print(
             f"\nWARNING: {len(foreign_after)} runsc processes are running that this run did "
             "not start (left alone); their state roots:\n  " + "\n  ".join(roots),

@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cluster import percentile  # noqa: E402
-from bench_core import scratch_dir  # noqa: E402
-from suite import Serve, serving  # noqa: E402
+from cleanup import scratch_dir  # noqa: E402
+from serving import Serve, serving  # noqa: E402
 
 HOST = "127.0.0.2"
 

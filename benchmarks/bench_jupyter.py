@@ -40,8 +40,8 @@ import httpx
 import websockets
 
 from bench_cluster import Cells, percentile
-from bench_core import scratch_dir
-from suite import Serve, serving
+from cleanup import scratch_dir
+from serving import Serve, serving
 
 
 def message(msg_type: str, content: dict[str, Any], session: str) -> tuple[str, str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import serving  # noqa: E402
+from serving import serving  # noqa: E402
 
 CODE = (
     "import os, time\n"

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from bench_core import ECHO_LOOP, WARMUP_S, Echo, Floor, wait_ready
+from floor import ECHO_LOOP, WARMUP_S, Echo, Floor, wait_ready
 
 
 class DoEcho:

@@ -19,11 +19,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench_core import WARMUP_S
 from cloche.config import Limits, ServerConfig
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
 from cloche.sandbox.gvisor import GVisorBackend, GVisorSandbox
 from cloche.sandbox.runsc import Runsc
+from floor import WARMUP_S
 
 SYSCALL = re.compile(r"\] \[\s*\d+:\s*\d+\] \S+ E (\w+)\(")
 

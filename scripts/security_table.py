@@ -57,7 +57,7 @@ def attacks_section() -> str:
 
 def limits_section() -> str:
     sys.path.insert(0, str(ROOT / "src"))
-    from cloche.cli import SERVE_OPTIONS
+    from cloche.commands.settings import SERVE_OPTIONS
 
     wanted = (
         "--cell-timeout",

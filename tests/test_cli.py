@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cloche.cli import build_parser, config_from_args
+from cloche.cli import build_parser
+from cloche.commands.serve import config_from_args
 from cloche.config import Limits, ServerConfig
 from cloche.errors import ConfigError
 

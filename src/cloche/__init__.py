@@ -18,14 +18,9 @@ tree drawn in `cloche.errors`, all subclasses of `ClocheError`.
 
 __version__ = "0.1.0"
 
-from cloche.client.aio import (  # noqa: E402
-    AsyncClient,
-    AsyncSession,
-    FileInfo,
-    SessionInfo,
-    SnapshotInfo,
-)
+from cloche.client.aio import AsyncClient, AsyncSession  # noqa: E402
 from cloche.client.execution import Cell, Execution, ExecutionError, Logs, Result  # noqa: E402
+from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo  # noqa: E402
 from cloche.client.sync import Client, Session, run  # noqa: E402
 from cloche.client.tool import tool_schema  # noqa: E402
 from cloche.errors import (  # noqa: E402

@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 import cloche
-from cloche.client import aio
+from cloche.client import verbs as aio
 
 
 def test_the_history_comes_back_as_typed_cells(session):

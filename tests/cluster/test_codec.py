@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cloche import errors
 from cloche.cluster import codec
-from cloche.sandbox.files import FileInfo, FileListing
+from cloche.sandbox.listing import FileInfo, FileListing
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import SessionInfo, SessionState
 from cloche.sessions.store import SnapshotRecord

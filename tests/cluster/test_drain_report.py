@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from cloche.cluster.directory import ALIVE, DRAINING
-from cloche.cluster.manager import ClusterSessionManager, Node
+from cloche.cluster.manager import ClusterSessionManager
+from cloche.cluster.nodes import Node
 from cloche.errors import NodeNotFound
 from support import make_config
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
-from cloche.cluster.manager import ClusterSessionManager, Node
+from cloche.cluster.manager import ClusterSessionManager
+from cloche.cluster.nodes import Node
 from cloche.sessions.observer import Observer
 from support import make_config
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloche.cli import build_parser, config_from_args
+from cloche.cli import build_parser
+from cloche.commands.serve import config_from_args
 from cloche.errors import ConfigError
 
 

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from cloche.errors import PathNotFound, PathRefused, SessionError
 from cloche.protocol.paths import normalise
 from cloche.sandbox import files as files_module
+from cloche.sandbox import listing as listing_module
 from cloche.sandbox.bundle import USER_GID as SANDBOX_GID
 from cloche.sandbox.bundle import USER_UID as SANDBOX_UID
-from cloche.sandbox.files import FileInfo, WorkdirFiles, changed
+from cloche.sandbox.files import WorkdirFiles
+from cloche.sandbox.listing import FileInfo, changed
 
 LIMIT_BYTES = 1024
 SECRET = b"host secret, never to be read"
@@ -495,7 +497,7 @@ def test_list_stops_after_max_entries_and_says_so(files: WorkdirFiles, root: Pat
 
 
 def test_list_stops_at_the_depth_limit_and_says_so(files: WorkdirFiles) -> None:
-    deep = "/".join(["d"] * (files_module.MAX_WALK_DEPTH + 5))
+    deep = "/".join(["d"] * (listing_module.MAX_WALK_DEPTH + 5))
     files.write(f"{deep}/f", b"x")
     files.write("shallow", b"x")
     listing = files.list()

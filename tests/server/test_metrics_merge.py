@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloche.server.metrics import merge
+from cloche.server.collectors import merge
 
 
 def node_text(cells: int, pooled: int) -> str:

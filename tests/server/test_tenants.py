@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cloche.cli import build_parser, config_from_args
+from cloche.cli import build_parser
+from cloche.commands.serve import config_from_args
 from cloche.errors import ConfigError
 from cloche.server.tenants import FLAG_ADMINS, FLAG_USERS, Tenants, read_tokens_file
 from cloche.sessions.quotas import Quotas

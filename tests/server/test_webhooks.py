@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cloche.cli import build_parser, config_from_args
+from cloche.cli import build_parser
+from cloche.commands.serve import config_from_args
 from cloche.errors import ConfigError
 from cloche.server.events import EventBus
 from cloche.server.webhooks import (

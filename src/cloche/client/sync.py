@@ -20,19 +20,11 @@ from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from cloche.client.aio import (
-    RLM_TIMEOUT_S,
-    AsyncClient,
-    AsyncSession,
-    DisplayCallback,
-    FileData,
-    FileInfo,
-    InputCallback,
-    OutputCallback,
-    SessionInfo,
-    SnapshotInfo,
-)
+from cloche.client._files import FileData
+from cloche.client.aio import AsyncClient, AsyncSession
 from cloche.client.execution import Cell, Execution
+from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
+from cloche.client.verbs import RLM_TIMEOUT_S, DisplayCallback, InputCallback, OutputCallback
 from cloche.errors import ClocheError
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from cloche import errors
-from cloche.sandbox.files import FileInfo, FileListing
+from cloche.sandbox.listing import FileInfo, FileListing
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import SessionInfo, SessionState
 from cloche.sessions.store import SnapshotRecord

@@ -1,5 +1,5 @@
-"""The client commands of the `cloche` CLI: run, repl, rlm, sessions, snapshots, nodes,
-tool-schema, mcp, bench.
+"""The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, rlm,
+sessions, snapshots, nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloche.commands import agents, bench, nodes, repl, rlm, run, sessions, snapshots
+from cloche.commands import agents, bench, nodes, repl, rlm, run, serve, sessions, snapshots
 
 
 def add_commands(subparsers: Any) -> None:
-    """Register the client commands on the `cloche` parser's subparsers."""
-    for module in (run, repl, rlm, sessions, snapshots, nodes, agents, bench):
+    """Register the commands on the `cloche` parser's subparsers."""
+    for module in (serve, run, repl, rlm, sessions, snapshots, nodes, agents, bench):
         module.add(subparsers)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cloche.client.aio import RLM_TIMEOUT_S
+from cloche.client.verbs import RLM_TIMEOUT_S
 from cloche.commands.common import add_connection_options, client_of, reports_errors
 
 

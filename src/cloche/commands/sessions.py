@@ -9,8 +9,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from cloche.client.aio import SessionInfo, SnapshotInfo
 from cloche.client.execution import Cell
+from cloche.client.info import SessionInfo, SnapshotInfo
 from cloche.commands.common import (
     add_connection_options,
     add_egress_option,

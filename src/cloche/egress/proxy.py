@@ -19,22 +19,36 @@ import asyncio
 import collections
 import contextlib
 import datetime
-import fcntl
-import ipaddress
 import logging
 import os
 import socket
 import ssl
 import time
-import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cloche.egress import guard
+from cloche.egress.heads import (
+    BadRequest,
+    answer,
+    destination_of,
+    origin_head,
+    parse_head,
+    status_of,
+)
 from cloche.egress.policy import Policy
 from cloche.egress.secrets import Substitution
+from cloche.egress.socks import (
+    SOCKS5,
+    SOCKS_NOT_ALLOWED,
+    SOCKS_OK,
+    SOCKS_UNREACHABLE,
+    socks_reply,
+    socks_request,
+)
+from cloche.egress.splice import ready, splice_all
 from cloche.egress.tls import Interceptor
 
 log = logging.getLogger("cloche.egress")
@@ -43,19 +57,9 @@ HEAD_LIMIT_BYTES = 64 * 1024  # a request line and headers larger than this are 
 HEAD_TIMEOUT_S = 30.0
 CHUNK_BYTES = 1024 * 1024
 READ_LIMIT_BYTES = 2 * 1024 * 1024  # read ahead of an intercepted upstream
-PIPE_BYTES = 1024 * 1024  # a spliced connection's pipe: moved at most per turn
-_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032  # fcntl's, on Linux
-_SPLICE_NOW = 0x1 | 0x2  # SPLICE_F_MOVE | SPLICE_F_NONBLOCK
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024  # the kernel doubles it, up to wmem_max / rmem_max
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "upgrade"}
-)
 
 Record = dict[str, Any]
-
-
-class BadRequest(Exception):
-    """A request this proxy cannot read (HTTP 400)."""
 
 
 @dataclass
@@ -168,23 +172,23 @@ class Door:
         try:
             async with asyncio.timeout(HEAD_TIMEOUT_S):
                 first = await reader.readexactly(1)
-                if first == _SOCKS5:  # a SOCKS5 client (any TCP port the policy allows)
+                if first == SOCKS5:  # a SOCKS5 client (any TCP port the policy allows)
                     socks = True
                     method, forward = "SOCKS5", None
-                    host, port = await _socks_request(reader, writer)
+                    host, port = await socks_request(reader, writer)
                 else:
                     head = first + await reader.readuntil(b"\r\n\r\n")
-                    method, target, lines = _parse_head(head)
-                    host, port, forward = _destination(method, target, lines)
+                    method, target, lines = parse_head(head)
+                    host, port, forward = destination_of(method, target, lines)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
             record["decision"] = "bad-request"
             if not socks and (not isinstance(exc, asyncio.IncompleteReadError) or exc.partial):
-                await _answer(writer, 400, "Bad Request", "no complete request head", None)
+                await answer(writer, 400, "Bad Request", "no complete request head", None)
             return
         except BadRequest as exc:
             record.update(decision="bad-request", error=str(exc))
             if not socks:  # a SOCKS client was answered in its own terms
-                await _answer(writer, 400, "Bad Request", str(exc), None)
+                await answer(writer, 400, "Bad Request", str(exc), None)
             return
         record.update(host=host, port=port, method=method)
         try:
@@ -195,19 +199,19 @@ class Door:
         except guard.Refused as exc:
             record.update(decision="refused", rule=exc.rule, reason=exc.reason)
             if socks:  # SOCKS has no room for words: the record names the rule
-                writer.write(_socks_reply(_SOCKS_NOT_ALLOWED))
+                writer.write(socks_reply(SOCKS_NOT_ALLOWED))
                 return
             status, phrase = (
                 (429, "Too Many Requests") if exc.reason == "limit" else (403, "Forbidden")
             )
-            await _answer(writer, status, phrase, str(exc), exc)
+            await answer(writer, status, phrase, str(exc), exc)
             return
         except guard.Unreachable as exc:
             record.update(decision="unreachable", error=str(exc))
             if socks:
-                writer.write(_socks_reply(_SOCKS_UNREACHABLE))
+                writer.write(socks_reply(SOCKS_UNREACHABLE))
                 return
-            await _answer(writer, 502, "Bad Gateway", str(exc), None)
+            await answer(writer, 502, "Bad Gateway", str(exc), None)
             return
         record.update(decision="allowed", address=str(address))
         self.usage.open_connections += 1
@@ -226,7 +230,7 @@ class Door:
             # Bytes the proxy does not read go from socket to socket in the kernel.
             writer.transport.set_write_buffer_limits(high=0)  # drain(): all of it sent
             if socks:
-                writer.write(_socks_reply(_SOCKS_OK))
+                writer.write(socks_reply(SOCKS_OK))
             elif forward is None:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             elif substitution is not None:
@@ -266,17 +270,17 @@ class Door:
             await upstream.start_tls(self.interceptor.upstream, server_hostname=host)
         except (ssl.SSLError, ConnectionError, OSError) as exc:
             record["error"] = f"{host}'s certificate was not accepted: {exc}"
-            await _answer(writer, 502, "Bad Gateway", record["error"], None)
+            await answer(writer, 502, "Bad Gateway", record["error"], None)
             return None
         try:
             async with asyncio.timeout(HEAD_TIMEOUT_S):
                 head = await reader.readuntil(b"\r\n\r\n")
-            method, target, lines = _parse_head(head)
+            method, target, lines = parse_head(head)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, BadRequest):
             record["error"] = "no request came through the intercepted tunnel"
             return None
         record["request"] = method
-        return self._substitute(_origin_head(method, target, lines, host), host, port, record)
+        return self._substitute(origin_head(method, target, lines, host), host, port, record)
 
     def _substitute(self, head: bytes, host: str, port: int, record: Record) -> bytes:
         assert self.substitution is not None
@@ -336,7 +340,7 @@ class Door:
             try:
                 while chunk := await source.read(CHUNK_BYTES):
                     if first:
-                        record["status"] = _status_of(chunk)
+                        record["status"] = status_of(chunk)
                         first = False
                     if self._count(counted, way, len(chunk), record):
                         return
@@ -383,9 +387,9 @@ class Door:
             with socket.socket(fileno=os.dup(sink.fileno())) as ours:
                 try:
                     if watch_status:
-                        await _ready(upstream.fileno(), None)
-                        record["status"] = _status_of(upstream.recv(512, socket.MSG_PEEK))
-                    await _splice_all(
+                        await ready(upstream.fileno(), None)
+                        record["status"] = status_of(upstream.recv(512, socket.MSG_PEEK))
+                    await splice_all(
                         upstream.fileno(),
                         ours.fileno(),
                         lambda size: self._count(counted, "down", size, record),
@@ -421,167 +425,6 @@ class Door:
                 record["bytes_down"] = counted["down"]
 
 
-async def _splice_all(source: int, sink: int, count: Callable[[int], bool]) -> None:
-    """Move bytes from source to sink through a pipe until source's EOF (or until count,
-    told each amount read, says to stop). One pipe-full at a time, then a turn of the
-    event loop for every other connection."""
-    out, into = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        try:
-            room = fcntl.fcntl(into, _F_SETPIPE_SZ, PIPE_BYTES)
-        except OSError:
-            room = fcntl.fcntl(into, _F_GETPIPE_SZ)
-        waiting, ended = 0, False
-        while not ended or waiting:
-            moved = sent = 0
-            if not ended and waiting < room:
-                try:
-                    moved = os.splice(source, into, room - waiting, flags=_SPLICE_NOW)
-                    ended = moved == 0
-                except BlockingIOError:
-                    pass
-                waiting += moved
-                if moved and count(moved):
-                    return
-            if waiting:
-                try:
-                    sent = os.splice(out, sink, waiting, flags=_SPLICE_NOW)
-                except BlockingIOError:
-                    pass
-                waiting -= sent
-            if moved or sent:
-                await asyncio.sleep(0)  # the others' turn
-            elif not ended or waiting:
-                await _ready(
-                    source if not ended and waiting < room else None, sink if waiting else None
-                )
-    finally:
-        os.close(out)
-        os.close(into)
-
-
-async def _ready(readable: int | None, writable: int | None) -> None:
-    """Wait until readable can be read or writable written, whichever comes first."""
-    loop = asyncio.get_running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    if readable is not None:
-        loop.add_reader(readable, wake)
-    if writable is not None:
-        loop.add_writer(writable, wake)
-    try:
-        await woken
-    finally:
-        if readable is not None:
-            loop.remove_reader(readable)
-        if writable is not None:
-            loop.remove_writer(writable)
-
-
-# -- reading and answering requests ---------------------------------------------------------
-
-
-def _parse_head(head: bytes) -> tuple[str, str, list[str]]:
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover (latin-1 decodes any byte)
-        raise BadRequest("the request head is not text") from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise BadRequest(f"not an HTTP/1.x request line: {lines[0][:200]!r}")
-    return parts[0].upper(), parts[1], [line for line in lines[1:] if line]
-
-
-def _destination(method: str, target: str, lines: list[str]) -> tuple[str, int, bytes | None]:
-    """(host, port, the head to send upstream, or None for a tunnel)."""
-    if method == "CONNECT":
-        host, port = _host_port(target, None)
-        return host, port, None
-    url = urllib.parse.urlsplit(target)
-    if url.scheme != "http" or not url.hostname:
-        raise BadRequest(
-            "this is cloche's egress proxy: send it absolute http:// URLs, or CONNECT "
-            f"host:port for anything else (got {target[:200]!r})"
-        )
-    try:
-        port = url.port or 80
-    except ValueError:
-        raise BadRequest(f"a bad port in {target[:200]!r}") from None
-    path = urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
-    return url.hostname, port, _origin_head(method, path, lines, url.netloc.rpartition("@")[2])
-
-
-def _origin_head(method: str, path: str, lines: list[str], host: str) -> bytes:
-    """A request head to send upstream: hop-by-hop headers dropped, one request only."""
-    headers = [line for line in lines if line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
-    if not any(line.lower().startswith("host:") for line in headers):
-        headers.insert(0, f"Host: {host}")
-    head = "\r\n".join([f"{method} {path} HTTP/1.1", *headers, "Connection: close", "", ""])
-    return head.encode("latin-1")
-
-
-def _host_port(target: str, default: int | None) -> tuple[str, int]:
-    host, _, port_text = target.rpartition(":")
-    if not host or (host.count(":") and not host.startswith("[")):
-        raise BadRequest(f"CONNECT wants host:port, not {target[:200]!r}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise BadRequest(f"CONNECT wants host:port, not {target[:200]!r}") from None
-    if not 0 < port < 65536:
-        raise BadRequest(f"port {port} is out of range")
-    return host.strip("[]"), port
-
-
-_SOCKS5 = b"\x05"
-_SOCKS_OK, _SOCKS_FAILURE, _SOCKS_NOT_ALLOWED, _SOCKS_UNREACHABLE = 0, 1, 2, 4
-_SOCKS_NO_COMMAND, _SOCKS_NO_ADDRESS_TYPE = 7, 8
-
-
-async def _socks_request(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> tuple[str, int]:
-    """A SOCKS5 greeting (no authentication) and CONNECT request, after its first byte:
-    (host, port). A request refused here is answered here (then BadRequest)."""
-    methods = await reader.readexactly((await reader.readexactly(1))[0])
-    if 0 not in methods:
-        writer.write(b"\x05\xff")
-        raise BadRequest("SOCKS5 without its no-authentication method")
-    writer.write(b"\x05\x00")
-    version, command, _, kind = await reader.readexactly(4)
-    if version != 5 or command != 1:
-        writer.write(_socks_reply(_SOCKS_NO_COMMAND))
-        raise BadRequest("SOCKS5: only CONNECT is served")
-    if kind == 1:
-        host = str(ipaddress.IPv4Address(await reader.readexactly(4)))
-    elif kind == 4:
-        host = str(ipaddress.IPv6Address(await reader.readexactly(16)))
-    elif kind == 3:
-        name = await reader.readexactly((await reader.readexactly(1))[0])
-        try:
-            host = name.decode("ascii")
-        except UnicodeDecodeError:
-            writer.write(_socks_reply(_SOCKS_FAILURE))
-            raise BadRequest("SOCKS5: a host name that is not ASCII") from None
-    else:
-        writer.write(_socks_reply(_SOCKS_NO_ADDRESS_TYPE))
-        raise BadRequest(f"SOCKS5: unknown address type {kind}")
-    port = int.from_bytes(await reader.readexactly(2), "big")
-    if not port:
-        writer.write(_socks_reply(_SOCKS_FAILURE))
-        raise BadRequest("SOCKS5: port 0")
-    return host, port
-
-
-def _socks_reply(code: int) -> bytes:
-    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
-
-
 def _widen(writer: asyncio.StreamWriter) -> None:
     """Give a connection's socket large kernel buffers: with the default (~200 KiB), gVisor's
     reads of the door each waited for a refill, and the door carried ~400 MiB/s, not ~3,700."""
@@ -591,36 +434,3 @@ def _widen(writer: asyncio.StreamWriter) -> None:
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
-
-
-def _status_of(chunk: bytes) -> int | None:
-    line = chunk.split(b"\r\n", 1)[0].split(b" ")
-    if len(line) >= 2 and line[0].startswith(b"HTTP/") and line[1].isdigit():
-        return int(line[1])
-    return None
-
-
-async def _answer(
-    writer: asyncio.StreamWriter,
-    status: int,
-    phrase: str,
-    text: str,
-    refused: guard.Refused | None,
-) -> None:
-    """A short HTTP answer from the proxy itself; the connection ends after it."""
-    body = (text + "\n").encode()
-    headers = [
-        f"HTTP/1.1 {status} {phrase}",
-        "Content-Type: text/plain; charset=utf-8",
-        f"Content-Length: {len(body)}",
-        "Connection: close",
-    ]
-    if refused is not None:
-        rule = refused.rule.replace('"', "'")
-        headers.append(
-            f'X-Cloche-Egress: refused; host="{refused.host}"; port={refused.port}; '
-            f'reason={refused.reason}; rule="{rule}"'
-        )
-    writer.write("\r\n".join([*headers, "", ""]).encode("latin-1", "replace") + body)
-    with contextlib.suppress(ConnectionError, OSError):
-        await writer.drain()

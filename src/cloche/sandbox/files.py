@@ -8,7 +8,8 @@ followed anywhere, whatever the sandbox does meanwhile. Files are written to a
 fresh temporary name and renamed into place, so an existing inode (perhaps a hard
 link) is never written through, and only inodes we just created are chowned.
 
-Everything here blocks: call it from a thread, never from the event loop.
+Everything here blocks: call it from a thread, never from the event loop. What a
+working directory holds (its listing, its snapshots) is walked in `listing.py`.
 """
 
 from __future__ import annotations
@@ -18,68 +19,29 @@ import os
 import secrets
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 from cloche.errors import PathNotFound, PathRefused
-from cloche.protocol.paths import MAX_PATH_BYTES, normalise
+from cloche.protocol.paths import normalise
+from cloche.sandbox.listing import (
+    DIR_FLAGS,
+    MAX_WALK_ENTRIES,
+    FileInfo,
+    FileListing,
+    Found,
+    Snapshot,
+    walk,
+)
 
-MAX_WALK_ENTRIES = 10_000  # directory entries looked at by one list() or snapshot()
-MAX_WALK_DEPTH = 32  # directories deeper are not walked (each level holds two fds)
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO swapped in after our lstat must not hang the server.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 _READ_CHUNK_BYTES = 1 << 20
 _TEMP_ATTEMPTS = 8
-
-Snapshot = dict[str, tuple[int, int]]
-"""Relative path -> (size in bytes, mtime in ns) of each regular file."""
-
-_Found = list[tuple[str, os.stat_result]]  # (relative path, lstat) of regular files
-
-
-class _Entries(Protocol):
-    """What os.scandir(fd) returns."""
-
-    def __next__(self) -> os.DirEntry[str]: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    """A regular file in a working directory."""
-
-    path: str  # POSIX, relative to the working directory
-    size_bytes: int
-    modified: float  # unix time, s
-
-
-@dataclass(frozen=True)
-class FileListing:
-    """The regular files of a working directory, sorted by path."""
-
-    files: tuple[FileInfo, ...]
-    truncated: bool  # the walk hit MAX_WALK_ENTRIES or MAX_WALK_DEPTH: there may be more
-
-
-def changed(before: Snapshot, after: Snapshot) -> list[str]:
-    """Paths created or modified between two snapshots, sorted; deletions are left out.
-
-    Args:
-        before: A snapshot taken first.
-        after: A snapshot taken later.
-
-    Returns:
-        Each path in ``after`` that was missing from ``before`` or has another size
-        or mtime there.
-    """
-    return sorted(path for path, signature in after.items() if before.get(path) != signature)
 
 
 class WorkdirFiles:
@@ -219,6 +181,12 @@ class WorkdirFiles:
         )
         return FileListing(files=files, truncated=truncated)
 
+    def _walk(self, max_entries: int) -> tuple[Found, bool]:
+        """Regular files under the root with their lstat, sorted, and whether we stopped early."""
+        self.last_walk_entries = max_entries  # until this walk says otherwise
+        found, truncated, self.last_walk_entries = walk(self.root, max_entries)
+        return found, truncated
+
     def _open_directory(self, path: str, directories: Sequence[str], *, create: bool) -> int:
         """An fd on root/directories, walked one component at a time, following no symlink."""
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -235,7 +203,7 @@ class WorkdirFiles:
     def _open_child(self, parent: int, name: str, path: str, *, create: bool) -> int:
         """An fd on the directory name in parent, made (owned by uid:gid) if missing."""
         try:
-            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+            return os.open(name, DIR_FLAGS, dir_fd=parent)
         except FileNotFoundError:
             if not create:
                 raise PathNotFound(path) from None
@@ -250,7 +218,7 @@ class WorkdirFiles:
         except OSError as exc:
             _refuse(path, exc)
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             _refuse(path, exc, parent, name)
         if made:
@@ -323,66 +291,6 @@ class WorkdirFiles:
     def _too_large(self, size: int) -> str:
         """Why a file of size bytes is refused."""
         return f"it is {size} bytes, over the limit of {self.max_file_bytes} bytes"
-
-    def _walk(self, max_entries: int) -> tuple[_Found, bool]:
-        """Regular files under the root with their lstat, sorted, and whether we stopped early.
-
-        Depth first, holding an fd and a scandir iterator per level, so that each
-        directory is read lazily and a huge one costs no more than max_entries.
-        """
-        found: _Found = []
-        truncated = False
-        seen = 0
-        self.last_walk_entries = max_entries  # until this walk says otherwise
-        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        stack: list[tuple[int, str, _Entries]] = []
-        try:
-            stack.append((root, "", os.scandir(root)))
-        except BaseException:
-            os.close(root)
-            raise
-        try:
-            while stack:
-                fd, prefix, entries = stack[-1]
-                entry = next(entries, None)
-                if entry is None:
-                    stack.pop()
-                    entries.close()
-                    os.close(fd)
-                    continue
-                seen += 1
-                if seen > max_entries:
-                    truncated = True
-                    break
-                path = prefix + entry.name
-                if not _addressable(path):
-                    continue
-                try:
-                    info = entry.stat(follow_symlinks=False)  # fstatat(fd, name, NOFOLLOW)
-                except FileNotFoundError:
-                    continue  # deleted meanwhile
-                if stat.S_ISREG(info.st_mode):
-                    found.append((path, info))
-                elif stat.S_ISDIR(info.st_mode):
-                    if len(stack) > MAX_WALK_DEPTH:
-                        truncated = True
-                        continue
-                    try:
-                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-                    except OSError:
-                        continue  # swapped for a symlink or removed meanwhile: skip it
-                    try:
-                        stack.append((child, path + "/", os.scandir(child)))
-                    except BaseException:
-                        os.close(child)
-                        raise
-        finally:
-            for fd, _, entries in stack:
-                entries.close()
-                os.close(fd)
-        self.last_walk_entries = seen
-        found.sort(key=lambda item: item[0])
-        return found, truncated
 
 
 class StreamedFile:
@@ -521,14 +429,6 @@ def _refusal(path: str, exc: OSError, parent: int | None, name: str | None) -> P
     if code == errno.ENAMETOOLONG:
         return PathRefused(path, "it is too long")
     return None
-
-
-def _addressable(path: str) -> bool:
-    """Whether a client could name this path back (valid UTF-8, within PATH_MAX)."""
-    try:
-        return len(path.encode("utf-8")) <= MAX_PATH_BYTES
-    except UnicodeEncodeError:
-        return False
 
 
 def _unlink_quietly(parent: int, name: str) -> None:

@@ -1,9 +1,10 @@
-"""Live sessions of one machine: create, find, list, close, expire.
+"""Live sessions of one machine: find, list, close, expire.
 
 The first layer of `LocalSessionManager` (`sessions.local`): what a session is while its
-sandbox runs. What it does meanwhile (cells, files) is the next layer's
-(`sessions.running`); saving one (pause, snapshot, fork) the layer after
-(`sessions.durability`), which this one calls through the abstract methods at its end.
+sandbox runs. Making one is the next layer's (`sessions.creation`), what it does meanwhile
+(cells, files) the layer after (`sessions.running`); saving one (pause, snapshot, fork)
+the layers after that (`sessions.durability`, `sessions.copies`), which this one calls
+through the abstract methods at its end.
 """
 
 from __future__ import annotations
@@ -11,59 +12,39 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
-import json
 import logging
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import (
-    Coroutine,
-    Mapping,
-)
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, ServerConfig
-from cloche.errors import (
-    SandboxError,
-    SessionLost,
-    SessionMoved,
-    SessionNotFound,
-    UnknownProfile,
-)
-from cloche.packages.bridge import KernelPip
+from cloche.errors import SessionLost, SessionMoved, SessionNotFound, UnknownProfile
 from cloche.packages.installer import Installer
 from cloche.packages.profiles import ProfileCatalog
 from cloche.sandbox.base import Backend
 from cloche.sandbox.layers import System
-from cloche.sessions.doors import EgressAsk, SessionDoors, egress_record, owner_tag, placeholders_of
+from cloche.sessions.doors import SessionDoors
 from cloche.sessions.durable import Checkpoints
 from cloche.sessions.ends import Ends
 from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
-from cloche.sessions.history import History
 from cloche.sessions.hookups import LLMHookup, TemplateSystems
 from cloche.sessions.kernel import KernelClient
-from cloche.sessions.manager import (
-    SessionManager,
-    check_env,
-    check_metadata,
-    matches,
-    new_session_id,
-)
+from cloche.sessions.manager import SessionManager, matches
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.pools import ProfilePools
 from cloche.sessions.profiles import PYTHON
-from cloche.sessions.result import CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
-from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
+from cloche.sessions.store import SnapshotRecord, Store
 
 if TYPE_CHECKING:
     from cloche.egress.service import Egress
 
 log = logging.getLogger("cloche.session")
-ENV_TIMEOUT_S = 30.0  # for a new session's kernel to take its environment
 
 
 class LiveSessions(SessionManager):
@@ -152,19 +133,6 @@ class LiveSessions(SessionManager):
             raise UnknownProfile(f"no template {template!r} here: this server has python alone")
         return self.templates.system(template)
 
-    async def _set_env(self, kernel: KernelClient, env: Mapping[str, str]) -> None:
-        """Put variables into a kernel's environment (its commands get them from the
-        session's record).
-
-        Raises:
-            SandboxError: the kernel could not set them.
-        """
-        code = f"import os\nos.environ.update({json.dumps(dict(env))})"
-        result = await kernel.execute(code, timeout_s=ENV_TIMEOUT_S, silent=True)
-        if result.status is not CellStatus.OK:
-            why = result.error["evalue"] if result.error else result.message
-            raise SandboxError(f"could not set the session's environment: {why}")
-
     def profiles(self) -> list[dict[str, Any]]:
         """Every profile with its state and packages (blocking: reads runtimes' listings)."""
         return self.profile_pools.describe()
@@ -178,161 +146,12 @@ class LiveSessions(SessionManager):
     def healthy(self) -> bool:
         return not self._stopped and (self.pool.ready_count > 0 or self.pool.last_start_ok)
 
-    async def create(
-        self,
-        owner: str | None = None,
-        profile: str = "lean",
-        snapshot: str | None = None,
-        egress: EgressAsk = None,
-        metadata: Mapping[str, str] | None = None,
-        cell_timeout_s: float | None = None,
-        template: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> SessionInfo:
-        labels = check_metadata(metadata or {})
-        variables = check_env(env or {})
-        if egress is None and self.catalog is not None:  # the profile's own, if it has one
-            status = self.catalog.statuses.get(profile)
-            if status is not None and status.spec is not None:
-                egress = status.spec.egress
-        policy = self.doors.policy_for(egress)
-        placeholders: dict[str, str] = {}
-        if snapshot is not None:
-            taken = self._snapshot(snapshot, owner).egress
-            placeholders = placeholders_of(taken)  # in the image's memory
-            if egress is None:  # the snapshot's own, as it was taken
-                policy = self.doors.policy_again(taken, snapshot)
-            session = await self._from_snapshot(snapshot, owner, labels if metadata else None)
-        else:
-            session = await self._create(owner, profile, labels, template or PYTHON)
-        changed = False
-        if cell_timeout_s is not None and cell_timeout_s > 0:
-            session.cell_timeout_s = min(cell_timeout_s, self.limits.cell_timeout_s)
-            changed = True
-        if variables:
-            try:
-                assert session.kernel is not None
-                await self._set_env(session.kernel, variables)
-            except BaseException:
-                self._remove(session, "lost")
-                await self._close(session, "lost")
-                raise
-            session.env = {**session.env, **variables}
-            changed = True
-        if changed:
-            await asyncio.to_thread(self.store.save, self._record(session, RecordState.LIVE))
-        if policy is not None:
-            session.placeholders = placeholders
-            try:
-                await self.doors.open(session, policy)
-            except BaseException:
-                self._remove(session, "lost")
-                await self._close(session, "lost")
-                raise
-        info = session.info()
-        data = {"profile": info.profile, "template": session.template, "metadata": info.metadata}
-        self._tell("session.created", session, {**data, "snapshot": snapshot} if snapshot else data)
-        return info
-
     def _tell(self, kind: str, session: Session, data: dict[str, Any]) -> None:
         """An event about a session, for the server's events and webhooks."""
         self.observer.event(kind, session.id, session.owner_key, data)
 
-    async def _create(
-        self,
-        owner: str | None,
-        profile: str = "lean",
-        metadata: dict[str, str] | None = None,
-        template: str = PYTHON,
-    ) -> Session:
-        pool = await self._pool(profile, template)
-        await self._room_for(1)
-        self._creating += 1
-        try:
-            kernel = await pool.take()
-        finally:
-            self._creating -= 1
-        return self._adopt(kernel, owner_key(owner), profile, metadata=metadata, template=template)
-
-    def _adopt(
-        self,
-        kernel: KernelClient,
-        key: str | None,
-        profile: str,
-        execution_count: int = 0,
-        *,
-        metadata: dict[str, str] | None = None,
-        history: History | None = None,
-        cell_timeout_s: float | None = None,
-        template: str = PYTHON,
-        env: Mapping[str, str] | None = None,
-    ) -> Session:
-        """A new session (new id) on a started kernel, with its record on disk (and the
-        metadata, history, template and environment of the session it copies, if any)."""
-        session = Session(
-            new_session_id(),
-            kernel,
-            key,
-            self.config.max_queued_cells,
-            profile=profile,
-            freeze_idle_s=self.config.limits.freeze_idle_s,
-            execution_count=execution_count,
-            gate=self.gate,
-        )
-        session.waker = self._wake
-        session.metadata = dict(metadata or {})
-        session.cell_timeout_s = cell_timeout_s
-        session.template = template
-        session.env = dict(env or {})
-        session.history = history.copy() if history is not None else self._new_history()
-        self._equip(session, kernel)
-        self._sessions[session.id] = session
-        self.store.save(self._record(session, RecordState.LIVE))
-        self.created += 1
-        self.observer.session_created(profile)
-        log.info(
-            "session start id=%s sandbox=%s profile=%s owner=%s",
-            session.id,
-            kernel.id,
-            profile,
-            owner_tag(key),
-        )
-        return session
-
-    def _equip(self, session: Session, kernel: KernelClient) -> None:
-        """Give a session's kernel what its cells reach through the channel: the LLM broker
-        and package installs."""
-        if self.llm is not None:
-            kernel.llm = self.llm.for_kernel(session.id, kernel)
-        packages = self.installer.for_session(kernel.sandbox, self._runtime_of(session.profile))
-        kernel.pip = KernelPip(packages, kernel)
-
-    def _new_history(self) -> History:
-        return History(self.config.history_cells)
-
     def _runtime_of(self, profile: str) -> Path | None:
         return self.profile_pools.runtime_of(profile)
-
-    def _record(
-        self, session: Session, state: RecordState, origin: str = "", paused_for: str = ""
-    ) -> SessionRecord:
-        info = session.info()
-        return SessionRecord(
-            id=session.id,
-            owner_key=session.owner_key,
-            profile=session.profile,
-            created_at=info.created_at,
-            last_active=info.last_active,
-            execution_count=session.execution_count,
-            state=state,
-            egress=egress_record(session),
-            origin=origin,
-            metadata=dict(session.metadata),
-            cell_timeout_s=session.cell_timeout_s,
-            paused_for=paused_for,
-            template=session.template,
-            env=dict(session.env),
-        )
 
     @property
     def live_count(self) -> int:
@@ -479,7 +298,7 @@ class LiveSessions(SessionManager):
     def session_count(self) -> int:
         return len(self._sessions) - self.paused_count
 
-    # -- the next layer's (sessions.durability) ---------------------------------------------
+    # -- the durability layers' (sessions.durability, sessions.copies) ---------------------
 
     @abc.abstractmethod
     async def _room_for(self, count: int) -> None:

@@ -2,8 +2,9 @@
 server left in the data directory to pausing every live session at shutdown (or, on a
 cluster node declared dead, abandoning them all).
 
-Its verbs come in layers, one module each: live sessions (`sessions.core`), what they do
-(`sessions.running`), saving them (`sessions.durability`), moving them to other nodes
+Its verbs come in layers, one module each: live sessions (`sessions.core`), making them
+(`sessions.creation`), what they do (`sessions.running`), saving them
+(`sessions.durability`), copying them (`sessions.copies`), moving them to other nodes
 (`sessions.moving`).
 """
 

@@ -2,12 +2,12 @@
 
 `SessionManager` is abstract so that sessions can live elsewhere (restored from
 checkpoints, spread over machines). The manager of one machine is built in layers, one
-module each: `sessions.core` (live sessions: create, find, close, expire),
-`sessions.running` (cells, history, packages, files), `sessions.durability` (pause,
-resume, snapshots, forks, restart), `sessions.moving` (the verbs a cluster moves sessions
-with) and `sessions.local` (`LocalSessionManager`: its
-life, from taking over a data directory to shutdown). The cluster's is
-`cloche.cluster.manager`.
+module each: `sessions.core` (live sessions: find, list, close, expire),
+`sessions.creation` (making one), `sessions.running` (cells, history, packages, files),
+`sessions.durability` (pause, resume, restart), `sessions.copies` (snapshots, forks),
+`sessions.moving` (the verbs a cluster moves sessions with) and `sessions.local`
+(`LocalSessionManager`: its life, from taking over a data directory to shutdown). The
+cluster's is `cloche.cluster.manager`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
 from typing import Any
 
 from cloche.errors import InvalidEnvironment, InvalidMetadata, NodeNotFound, PackageInstallError
-from cloche.sandbox.files import FileListing
+from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ProcessVerbs
 from cloche.sessions.doors import EgressAsk
 from cloche.sessions.history import CellEntry

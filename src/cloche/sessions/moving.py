@@ -1,7 +1,7 @@
 """The verbs a cluster moves sessions between nodes with: export a paused session's record
 and image, adopt them on another node, and release the first.
 
-The fourth layer of `LocalSessionManager` (`sessions.local`); the cluster's agent calls
+The sixth layer of `LocalSessionManager` (`sessions.local`); the cluster's agent calls
 them (`cloche.cluster.agent`).
 """
 
@@ -17,7 +17,7 @@ from cloche.errors import (
     SessionNotFound,
     SnapshotNotFound,
 )
-from cloche.sessions.durability import DurableSessions
+from cloche.sessions.copies import CopyableSessions
 from cloche.sessions.durable import pack_home, unpack_home
 from cloche.sessions.session import SessionState
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cloche.session")
 
 
-class MovableSessions(DurableSessions):
+class MovableSessions(CopyableSessions):
     """Saved sessions that can also be handed to another node, and taken in from one."""
 
     async def export_session(self, session_id: str) -> tuple[SessionRecord, bytes]:

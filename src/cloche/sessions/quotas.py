@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cloche.errors import QuotaExceeded, SessionBusy, SnapshotNotFound
-from cloche.sandbox.files import FileListing
+from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ForwardedProcessVerbs
 from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
 from cloche.sessions.observer import Observer

@@ -1,8 +1,8 @@
 """What live sessions do: run cells (interrupted, answering input()), keep their history
 and labels, install packages, and hold files.
 
-The second layer of `LocalSessionManager` (`sessions.local`), over `sessions.core`'s live
-sessions: the verbs a front end uses on one session while it lives.
+The third layer of `LocalSessionManager` (`sessions.local`), over `sessions.creation`'s
+live sessions: the verbs a front end uses on one session while it lives.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from dataclasses import replace
 from cloche.errors import CellNotFound, KernelDied, SessionNotFound
 from cloche.packages.bridge import SilentRun
 from cloche.protocol.paths import normalise
-from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
-from cloche.sessions.core import LiveSessions
+from cloche.sandbox.files import StreamedFile, WorkdirFiles
+from cloche.sandbox.listing import FileListing
+from cloche.sessions.creation import NewSessions
 from cloche.sessions.history import CellEntry, entry_of
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.manager import READ_PIECE_BYTES, InstalledPackages, check_metadata
@@ -29,7 +30,7 @@ from cloche.sessions.store import RecordState
 STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
 
 
-class RunningSessions(LiveSessions):
+class RunningSessions(NewSessions):
     """Live sessions that run cells, keep their history, install packages and hold files."""
 
     async def set_metadata(

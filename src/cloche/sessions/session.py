@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from cloche.config import MIB
 from cloche.errors import KernelDied, SessionBusy
 from cloche.sandbox.base import ExitStep
-from cloche.sandbox.files import Snapshot, WorkdirFiles, changed
+from cloche.sandbox.files import WorkdirFiles
+from cloche.sandbox.listing import Snapshot, changed
 from cloche.sessions.cpu import CpuPlacement
 from cloche.sessions.gate import CellGate
 from cloche.sessions.history import DEFAULT_HISTORY_CELLS, History

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from cloche import __version__
 from cloche.config import MIB, ServerConfig
 from cloche.server import jupyter, ui
+from cloche.server.collectors import merge
 from cloche.server.events import EventBus
 from cloche.server.http import (
     chat,
@@ -33,7 +34,7 @@ from cloche.server.http import (
 from cloche.server.http.limits import BodyLimit
 from cloche.server.http.websocket_writes import BatchedWebSocketProtocol
 from cloche.server.mcp import http as mcp_http
-from cloche.server.metrics import CONTENT_TYPE, Metrics, merge
+from cloche.server.metrics import CONTENT_TYPE, Metrics
 from cloche.server.tenants import Tenants
 from cloche.sessions.manager import SessionManager
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
-from cloche.client.aio import SessionInfo, SnapshotInfo
 from cloche.client.execution import Cell, Execution, cell_from_json, execution_from_json
+from cloche.client.info import SessionInfo, SnapshotInfo
 from cloche.config import Limits
 from cloche.errors import SessionNotFound
 from cloche.server.http.results import execute_body

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from cloche.client.aio import SessionInfo, SnapshotInfo
 from cloche.client.execution import Cell, Execution
+from cloche.client.info import SessionInfo, SnapshotInfo
 
 
 class ToolSession(Protocol):
