@@ -184,6 +184,18 @@ SERVE_OPTIONS = (
     ),
     _Option("--data-max-mib", int, _config.data_max_mib, "disk budget of --data-dir, MiB"),
     _Option(
+        "--templates-dir",
+        Path,
+        None,
+        "where templates are built and kept (root-only) [default: <--data-dir>/templates]",
+    ),
+    _Option(
+        "--template-max-mib",
+        int,
+        _config.template_max_mib,
+        "largest tarball or image uploaded as a template build's body, MiB",
+    ),
+    _Option(
         "--max-paused-sessions",
         int,
         _config.max_paused_sessions,
@@ -475,6 +487,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     for flag, value in (
         ("--events-buffer", args.events_buffer),
         ("--webhook-retry", args.webhook_retry),
+        ("--template-max-mib", args.template_max_mib),
     ):
         if not value > 0:  # NaN too
             raise ConfigError(f"{flag} must be a positive number, not {value}")
@@ -523,6 +536,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         webhooks=tuple(args.webhook),
         webhook_secret=args.webhook_secret,
         webhook_retry_s=args.webhook_retry,
+        templates_dir=args.templates_dir,
+        template_max_mib=args.template_max_mib,
     )
 
 

@@ -1,5 +1,5 @@
-"""The client commands of the `cloche` CLI: run, repl, rlm, sessions, snapshots, nodes,
-tool-schema, mcp, bench.
+"""The client commands of the `cloche` CLI: run, repl, rlm, sessions, snapshots, templates,
+nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloche.commands import agents, bench, nodes, repl, rlm, run, sessions, snapshots
+from cloche.commands import (
+    agents,
+    bench,
+    nodes,
+    repl,
+    rlm,
+    run,
+    sessions,
+    snapshots,
+    templates,
+)
 
 
 def add_commands(subparsers: Any) -> None:
     """Register the client commands on the `cloche` parser's subparsers."""
-    for module in (run, repl, rlm, sessions, snapshots, nodes, agents, bench):
+    for module in (run, repl, rlm, sessions, snapshots, templates, nodes, agents, bench):
         module.add(subparsers)
