@@ -248,7 +248,8 @@ def _make_home(user: dict[str, Any]) -> None:
     """The user's home (0755, theirs) when missing, and /work -> it when /work is absent."""
     home = str(user["home"])
     if not os.path.lexists(home):
-        os.makedirs(os.path.dirname(home), mode=0o755, exist_ok=True)
+        # Resolved first: a /home that links elsewhere (inside the root) gets its target made.
+        os.makedirs(os.path.realpath(os.path.dirname(home)), mode=0o755, exist_ok=True)
         os.mkdir(home, 0o755)
         os.chown(home, user["uid"], user["gid"])
     if not os.path.lexists("/work"):
