@@ -58,7 +58,9 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
 The client SDK (`cloche.Client`, `cloche.AsyncClient`) raises the same classes as the
 server for the same conditions: a 404 about a session is `SessionNotFound`, a 401 is
 `Unauthorized`, a 403 `Forbidden`, a 429 is `TooManySessions` (`QuotaExceeded` over a
-tenant's quota), a 503 is `SandboxError`. What only a client can meet is under `ClientError`.
+tenant's quota), a 503 is `SandboxError`; about templates, a 404 is `TemplateNotFound`, a 409
+`TemplateExists`, `TemplateNotReady`, `TemplateFailed` or `TemplateInUse`, a 400
+`TemplateRefused`, a 501 `NotSupported`. What only a client can meet is under `ClientError`.
 """
 
 from __future__ import annotations
