@@ -187,7 +187,7 @@ def test_bad_builds_are_refused_naming_what_is_wrong(admin, body, status, words)
     assert words in answer.json()["error"]["message"]
 
 
-def test_a_body_that_is_not_json_or_too_large_is_refused(admin) -> None:
+def test_a_body_that_is_not_json_or_too_large_is_refused(server, admin) -> None:
     answer = admin.post("/v1/templates", content=b"{oops", headers={"Content-Type": "x"})
     assert error_of(answer)[:2] == (400, "template_refused")
     answer = admin.post(
@@ -197,7 +197,16 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(admin) -> None:
         headers={"Content-Type": "application/x-tar"},
     )
     assert answer.status_code == 413, answer.text
+    streamed = admin.post(
+        "/v1/templates",
+        params={"name": "huge"},
+        content=iter([b"x" * (512 << 10)] * 4),  # chunked: no length declared
+        headers={"Content-Type": "application/x-tar"},
+    )
+    assert streamed.status_code == 413, streamed.text
     assert error_of(admin.get("/v1/templates/huge"))[0] == 404
+    uploads = server.server.manager.template_catalog.root / ".uploads"  # type: ignore[attr-defined]
+    assert list(uploads.iterdir()) == []
 
 
 def test_a_template_sessions_use_cant_be_deleted(server, admin, tmp_path) -> None:

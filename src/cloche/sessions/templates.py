@@ -238,20 +238,21 @@ class Templates:
         await asyncio.to_thread(directory.mkdir, mode=0o700, parents=True, exist_ok=True)
         path = directory / f"{secrets.token_hex(8)}.tar"
         out = await asyncio.to_thread(path.open, "xb")
-        size = 0
+        size = written = 0
         try:
             pending: list[bytes] = []
             async for chunk in upload:
                 size += len(chunk)
                 if size > self.max_upload_bytes:
                     raise TemplateRefused(
-                        f"the upload is above {self.max_upload_bytes // MIB} MiB "
+                        f"the upload is above {self.max_upload_bytes / MIB:g} MiB "
                         "(--template-max-mib)"
                     )
                 pending.append(chunk)
-                if sum(map(len, pending)) >= _UPLOAD_FLUSH_BYTES:
+                if size - written >= _UPLOAD_FLUSH_BYTES:
                     await asyncio.to_thread(out.write, b"".join(pending))
                     pending.clear()
+                    written = size
             await asyncio.to_thread(out.write, b"".join(pending))
             if size == 0:
                 raise TemplateRefused("the upload is empty: send the tarball as the body")
