@@ -172,6 +172,8 @@ class _Live(Progress):
         del self.info.log[:-LOG_LINES]
 
     def update(self, **progress: Any) -> None:
+        if "phase" in progress:  # a new phase: the last one's figures are done with
+            self.info.progress = {}
         self.info.progress.update(progress)
 
 

@@ -65,10 +65,10 @@ class LocalSessionManager(MovableSessions):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.backend.prepare)
-        await self.template_catalog.open()
         try:
             await asyncio.to_thread(self.store.open)
             crashed, resumable = await asyncio.to_thread(self._load)
+            await self.template_catalog.open()  # once the data dir is ours (its lock)
         except BaseException:
             await asyncio.to_thread(self.backend.shutdown)
             raise

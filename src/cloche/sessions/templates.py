@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 from cloche.config import MIB
 from cloche.errors import (
+    ConfigError,
     TemplateExists,
     TemplateFailed,
     TemplateInUse,
@@ -93,8 +94,16 @@ class Templates:
     # -- start and stop -------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Find the templates built before (blocking work off the loop)."""
-        for info in await asyncio.to_thread(self._load):
+        """Find the templates built before (blocking work off the loop).
+
+        Raises:
+            ConfigError: the templates directory can't be made or read.
+        """
+        try:
+            found = await asyncio.to_thread(self._load)
+        except OSError as exc:
+            raise ConfigError(f"--templates-dir {self.root}: {exc.strerror or exc}") from exc
+        for info in found:
             self._infos[info.name] = info
 
     def _load(self) -> list[TemplateInfo]:
