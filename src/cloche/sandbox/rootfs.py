@@ -37,6 +37,15 @@ USER = "user"
 FIRST_UID = 1000
 DEFAULT_PATH_DIRS = ("/usr/local/bin", "/usr/bin")
 MIN_PYTHON_MINOR = 9  # cells run on the image's python3 from 3.9
+# Member types laid out (devices are noted and skipped, and so is anything else).
+_LAID = (
+    *tarfile.REGULAR_TYPES,
+    tarfile.DIRTYPE,
+    tarfile.SYMTYPE,
+    tarfile.LNKTYPE,
+    tarfile.FIFOTYPE,
+)
+_Dirs = list[tuple[str, tarfile.TarInfo]]  # directories laid out, given owners and modes last
 
 
 class Refused(Exception):
@@ -104,7 +113,7 @@ def _write(path: str, member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
         os.utime(fd, (member.mtime, member.mtime))
 
 
-def _lay(member: tarfile.TarInfo, tar: tarfile.TarFile, dirs: list[tuple[str, Any]]) -> None:
+def _lay(member: tarfile.TarInfo, tar: tarfile.TarFile, dirs: _Dirs) -> None:
     """Lay one member out (inside the chroot)."""
     path = _inside(member.name, member.name)
     if path == "/":
@@ -113,9 +122,7 @@ def _lay(member: tarfile.TarInfo, tar: tarfile.TarFile, dirs: list[tuple[str, An
         kind = "character" if member.ischr() else "block"
         _note(f"device node {member.name} ({kind} {member.devmajor},{member.devminor}) not created")
         return
-    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()) and not (
-        member.isfifo()
-    ):
+    if member.type not in _LAID:
         _note(f"member {member.name}: type {member.type!r} skipped")
         return
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -146,10 +153,10 @@ def _lay(member: tarfile.TarInfo, tar: tarfile.TarFile, dirs: list[tuple[str, An
 def extract(archive: str, root: str) -> None:
     """Lay the tar archive (plain, gzip, bzip2 or xz) out in root, then set directories'
     owners, modes and times, deepest first."""
-    source: IO[bytes] = open(archive, "rb")  # noqa: SIM115  # opened before the chroot
+    source: IO[bytes] = open(archive, "rb")  # opened before the chroot, closed below
     total = os.fstat(source.fileno()).st_size
     _enter(root)
-    dirs: list[tuple[str, Any]] = []
+    dirs: _Dirs = []
     members = 0
     last = 0.0
     with source, tarfile.open(fileobj=source, mode="r|*") as tar:
@@ -165,8 +172,11 @@ def extract(archive: str, root: str) -> None:
                     progress={"read_bytes": source.tell(), "total_bytes": total, "members": members}
                 )
     for path, member in sorted(dirs, key=lambda d: d[0], reverse=True):
-        if stat.S_ISDIR(os.lstat(path).st_mode):  # not replaced by a later member
-            _own(path, member)
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):  # not replaced by a later member
+                _own(path, member)
+        except FileNotFoundError:
+            pass  # a later member removed it
     _say(progress={"read_bytes": total, "total_bytes": total, "members": members})
 
 
