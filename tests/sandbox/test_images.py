@@ -200,6 +200,24 @@ def test_a_python_older_than_3_9_or_without_stdlib_is_not_used(tmp_path: Path) -
     assert any("no standard library" in line for line in info.log)
 
 
+def test_a_python3_binary_named_plainly_is_known_by_its_lib(tmp_path: Path) -> None:
+    archive = small_root(
+        tmp_path / "root.tar",
+        member("opt", tarfile.DIRTYPE),
+        member("opt/py", tarfile.DIRTYPE),
+        member("opt/py/bin", tarfile.DIRTYPE),
+        member("opt/py/bin/python3", data=b"\x7fELF", mode=0o755),
+        member("opt/py/lib", tarfile.DIRTYPE),
+        member("opt/py/lib/python3.13", tarfile.DIRTYPE),
+        member("opt/py/lib/python3.13/os.py"),
+        member("usr", tarfile.DIRTYPE),
+        member("usr/bin", tarfile.DIRTYPE),
+        link("usr/bin/python3", "/opt/py/bin/python3"),
+    )
+    info, _ = build(TemplateSource("tar", str(archive)), tmp_path / "work")
+    assert (info.python, info.python_version) == ("/opt/py/bin/python3", "3.13")
+
+
 def test_a_gzipped_tarball_without_etc_gets_one_with_the_user(tmp_path: Path) -> None:
     plain = make_tar(tmp_path / "root.tar", [member("bin", tarfile.DIRTYPE)])
     packed = tmp_path / "root.tar.gz"

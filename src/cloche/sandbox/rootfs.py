@@ -266,24 +266,42 @@ def _make_home(user: dict[str, Any]) -> None:
         os.symlink(home, "/work")
 
 
+def _minor(real: str) -> str | None:
+    """The Y of a python3 binary at real: from its name python3.Y, or, for a binary named
+    plain python3, from the one lib/python3.Y beside it."""
+    found = re.fullmatch(r"python3\.(\d+)", os.path.basename(real))
+    if found is not None:
+        return found.group(1)
+    if os.path.basename(real) != "python3":
+        return None
+    lib = os.path.join(os.path.dirname(os.path.dirname(real)), "lib")
+    try:
+        names = os.listdir(lib)
+    except OSError:
+        return None
+    minors = [m.group(1) for n in names if (m := re.fullmatch(r"python3\.(\d+)", n))]
+    return minors[0] if len(minors) == 1 else None
+
+
 def _python() -> tuple[str | None, str | None]:
-    """The image's python3 (≥ 3.9) and its X.Y, from names only: the `python3` link in
-    /usr/local/bin or /usr/bin resolved (inside the root), named python3.Y, with its stdlib
-    at <prefix>/lib/python3.Y. Nothing of the image is run."""
+    """The image's python3 (≥ 3.9) and its X.Y, from names only: the `python3` in
+    /usr/local/bin or /usr/bin resolved (inside the root), named python3.Y (or one
+    lib/python3.Y beside it), with its stdlib at <prefix>/lib/python3.Y. Nothing of the
+    image is run."""
     for directory in DEFAULT_PATH_DIRS:
         link = directory + "/python3"
         if not os.path.lexists(link):
             continue
         real = os.path.realpath(link)
-        found = re.fullmatch(r"python3\.(\d+)", os.path.basename(real))
-        if found is None or not os.path.isfile(real):
+        minor = _minor(real)
+        if minor is None or not os.path.isfile(real):
             continue
-        version = f"3.{found.group(1)}"
+        version = f"3.{minor}"
         prefix = os.path.dirname(os.path.dirname(real))
         if not os.path.isfile(f"{prefix}/lib/python{version}/os.py"):
             _note(f"{real}: no standard library at {prefix}/lib/python{version}; not used")
             continue
-        if int(found.group(1)) < MIN_PYTHON_MINOR:
+        if int(minor) < MIN_PYTHON_MINOR:
             _note(f"{real} is Python {version}, older than 3.{MIN_PYTHON_MINOR}; not used")
             continue
         return real, version
