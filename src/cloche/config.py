@@ -145,6 +145,8 @@ class ServerConfig:
     # Seconds a request over one of its tenant's quotas waits for room, then 429.
     quota_wait_s: float = 10.0
     platform: str = "auto"  # runsc platform: auto, systrap, ptrace
+    # Commands never run as root inside the sandbox (--no-root): nothing there has uid 0.
+    no_root: bool = False
     start_concurrency: int = 0  # sandboxes started at once by the pool; 0 = number of cores
     llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off
     packages: PackageConfig = field(default_factory=PackageConfig)

@@ -22,7 +22,6 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── TemplateFailed          its build failed: the builder's own lines say why
     │   ├── TemplateInUse           live or paused sessions use it (it can't be deleted)
     │   └── TemplateRefused         a bad name or source, or the built-in `python` (400)
-    ├── NotSupported                this server does not offer that (templates over a cluster)
     ├── SandboxError                a sandbox could not be started or was lost
     │   ├── SandboxStartError       it failed to start (after retries)
     │   └── KernelDied              it exited or broke the channel while in use
@@ -37,6 +36,10 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── SnapshotNotFound        unknown, deleted, or someone else's snapshot
     │   ├── CellNotFound            no cell of that number in a session's history
     │   ├── InvalidMetadata         a session's metadata of the wrong shape or too large
+    │   ├── InvalidEnvironment      a session's env of the wrong shape or too large
+    │   ├── NotSupported            this server (a cluster's front end, say) does not offer that
+    │   ├── CommandFailed           a command or terminal could not be started or reached
+    │   │   └── ProcessNotFound     no running process of that pid in the session
     │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
     │   ├── CheckpointFailed        a session could not be saved (it keeps running)
     │   │   └── StorageFull         --data-dir is at its budget, or its disk is full
@@ -155,11 +158,6 @@ class TemplateRefused(TemplateError):
     deleted)."""
 
 
-class NotSupported(ClocheError):
-    """This server does not offer that (templates over a cluster, say): the message says
-    where it is offered."""
-
-
 class SandboxError(ClocheError):
     """A sandbox could not be started, or was lost."""
 
@@ -237,6 +235,24 @@ class CellNotFound(SessionError):
 
 class InvalidMetadata(SessionError):
     """Metadata that is not string keys and values within the limits (operations.md)."""
+
+
+class InvalidEnvironment(SessionError):
+    """Environment variables for a session of the wrong shape or too large."""
+
+
+class NotSupported(SessionError):
+    """What was asked is not offered by this server (a cluster's front end, a backend
+    without it); the message says what is."""
+
+
+class CommandFailed(SessionError):
+    """A command or terminal could not be started or reached: no such user or directory,
+    a program that can't run, a process supervisor that is gone; the message says which."""
+
+
+class ProcessNotFound(CommandFailed):
+    """No running process of that pid in the session (it ended, or never was)."""
 
 
 class RestoreRefused(SessionError):

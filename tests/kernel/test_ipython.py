@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from cloche.kernel.executor import Executor, format_error
+from cloche.kernel.expansion import expand
 from cloche.kernel.ipython import SHELL, translate
 from cloche.kernel.pip import FUNCTION as PIP
-from cloche.kernel.shell import SList, expand
+from cloche.kernel.shell import SList
 from cloche.kernel.timing import format_time
 
 # -- translation -------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from cloche.errors import PathNotFound, PathRefused, SessionError
 from cloche.protocol.paths import normalise
 from cloche.sandbox import files as files_module
-from cloche.sandbox.bundle import SANDBOX_GID, SANDBOX_UID
+from cloche.sandbox.bundle import USER_GID as SANDBOX_GID
+from cloche.sandbox.bundle import USER_UID as SANDBOX_UID
 from cloche.sandbox.files import FileInfo, WorkdirFiles, changed
 
 LIMIT_BYTES = 1024

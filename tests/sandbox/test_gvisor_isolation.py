@@ -35,8 +35,7 @@ def test_code_runs_under_gvisor_not_the_host_kernel(client):
 
 def test_code_runs_as_an_unprivileged_user_without_capabilities(client):
     assert (
-        run(client, "import os; os.getuid(), os.getgid(), os.geteuid()")
-        == "(10001, 10001, 10001)\n"
+        run(client, "import os; os.getuid(), os.getgid(), os.geteuid()") == "(1000, 1000, 1000)\n"
     )
     status = run(client, "print(open('/proc/self/status').read())")
     cap_eff = next(line for line in status.splitlines() if line.startswith("CapEff"))
@@ -47,7 +46,7 @@ def test_host_etc_is_not_visible(client):
     passwd = run(client, "print(open('/etc/passwd').read())")
     with open("/etc/passwd") as host_passwd:
         host_users = {line.split(":")[0] for line in host_passwd} - {"root", "nobody"}
-    assert "sandbox:x:10001" in passwd
+    assert "user:x:1000:1000:user:/home/user:" in passwd
     assert not any(f"\n{user}:" in "\n" + passwd for user in host_users)
     assert run(client, "import os; os.path.exists('/etc/shadow')") == "False\n"
 
@@ -84,16 +83,17 @@ def test_no_network_to_the_internet_or_the_servers_port(server, client):
     assert "connected" not in output, output
 
 
-def test_root_filesystem_is_read_only_and_the_workdir_and_tmp_are_writable(client):
+def test_the_system_is_roots_and_the_home_and_tmp_are_the_users(client):
     code = (
         "import os\n"
         "def can_write(path):\n"
         "    try:\n"
         "        open(path, 'w').write('x'); return True\n"
         "    except OSError: return False\n"
-        "[can_write(p) for p in ('/x', '/usr/x', '/etc/x', '/work/x', '/tmp/x')], os.getcwd()"
+        "paths = ('/x', '/usr/x', '/etc/x', '/home/user/x', '/work/y', '/tmp/x')\n"
+        "[can_write(p) for p in paths], os.getcwd()"
     )
-    assert run(client, code) == "([False, False, False, True, True], '/work')\n"
+    assert run(client, code) == "([False, False, False, True, True, True], '/home/user')\n"
 
 
 def test_sessions_do_not_see_each_others_files(server):
@@ -108,4 +108,4 @@ def test_files_written_inside_land_on_the_host_as_the_sandbox_uid(server):
         reply = c.run("open('owned.txt', 'w').write('x')")
         session = server.server.manager._sessions[reply["session_id"]]
         stat = (session.kernel.sandbox.workdir / "owned.txt").stat()
-        assert (stat.st_uid, stat.st_gid) == (10001, 10001)
+        assert (stat.st_uid, stat.st_gid) == (1000, 1000)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from cloche.config import Limits
-from cloche.sandbox.bundle import SANDBOX_UID, SITE_MOUNT
+from cloche.sandbox.bundle import SITE_MOUNT, USER_UID
 from support import ServerThread
 
 LIMITS = Limits(cell_timeout_s=20.0, interrupt_grace_s=1.0, disk_mib=16)
@@ -34,7 +34,7 @@ def test_site_dir_is_on_sys_path_after_the_runtime_and_importable(small_disk):
         session = reply["session_id"]
         site = sandbox_of(small_disk, session).site_dir
         assert site is not None and site.is_dir()
-        assert os.stat(site).st_uid == SANDBOX_UID
+        assert os.stat(site).st_uid == USER_UID
         (site / "planted.py").write_text("VALUE = 42\n")
         reply = client.run(
             "import importlib, planted, os\n"
@@ -44,7 +44,7 @@ def test_site_dir_is_on_sys_path_after_the_runtime_and_importable(small_disk):
             session_id=session,
         )
         assert reply["status"] == "ok", reply
-        assert reply["output"].strip() == "(42, True, '/work')"
+        assert reply["output"].strip() == "(42, True, '/home/user')"
 
 
 def test_site_dir_and_working_directory_share_the_disk_limit(small_disk):

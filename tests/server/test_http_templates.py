@@ -277,3 +277,25 @@ def test_the_sdk_builds_waits_lists_and_deletes(server, tmp_path) -> None:
         admin.delete_template("bad")
         with pytest.raises(TemplateNotFound, match="Template sdk not found"):
             user.template("sdk")
+
+
+def test_a_session_of_a_built_template_runs_on_the_images_python(
+    server, admin, user, debian_tar
+) -> None:
+    """The seam with sessions: the catalogue's template is the sandbox's system, and the
+    sessions made of it hold it (a delete is a 409 until they are closed)."""
+    body = {"name": "debian", "from_tar": str(debian_tar)}
+    assert admin.post("/v1/templates", json=body).status_code == 202
+    assert ended(admin, "debian")["state"] == "ready"
+    created = user.post("/v1/sessions", json={"template": "debian"})
+    assert created.status_code == 201, created.text
+    session = created.json()["id"]
+    assert created.json()["template"] == "debian"
+    code = "import sys, os, getpass, yaml\nprint(sys.executable, os.getcwd(), getpass.getuser())"
+    ran = user.post(f"/v1/sessions/{session}/execute", json={"code": code}, timeout=120)
+    assert ran.status_code == 200, ran.text
+    assert ran.json()["stdout"] == "/usr/bin/python3.11 /home/user user\n", ran.json()
+    status, kind, _ = error_of(admin.delete("/v1/templates/debian"))
+    assert (status, kind) == (409, "template_in_use")
+    assert user.delete(f"/v1/sessions/{session}").status_code == 204
+    assert admin.delete("/v1/templates/debian").status_code == 204

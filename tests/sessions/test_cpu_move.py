@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloche.sessions.session import BEHIND, LEVEL, STAY, cpu_move
+from cloche.sessions.cpu import BEHIND, LEVEL, STAY, cpu_move
 
 
 @pytest.mark.parametrize(

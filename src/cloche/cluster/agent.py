@@ -359,9 +359,18 @@ class NodeAgent:
         egress: str | dict[str, Any] | None = None,
         metadata: dict[str, str] | None = None,
         cell_timeout_s: float | None = None,
+        template: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         info = await self.manager.create(
-            owner, profile, snapshot, egress, metadata, cell_timeout_s=cell_timeout_s
+            owner,
+            profile,
+            snapshot,
+            egress,
+            metadata,
+            cell_timeout_s=cell_timeout_s,
+            template=template,
+            env=env,
         )
         return {"info": codec.info_out(info), "stats": self.stats()}
 

@@ -451,6 +451,8 @@ class ClusterSessionManager(SessionManager):
         egress: EgressAsk = None,
         metadata: Mapping[str, str] | None = None,
         cell_timeout_s: float | None = None,
+        template: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> SessionInfo:
         labels = check_metadata(metadata) if metadata else None
         if egress is not None and self.config.egress_policy is None:
@@ -484,6 +486,8 @@ class ClusterSessionManager(SessionManager):
                         "egress": egress,
                         "metadata": labels,
                         "cell_timeout_s": cell_timeout_s,
+                        "template": template,
+                        "env": dict(env) if env else None,
                     },
                 )
             except LinkDown:

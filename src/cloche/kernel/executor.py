@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .ipython import compile_cell
-from .shell import Shell
+from .shell import MagicRunner, Shell
 
 _KERNEL_DIR = os.path.dirname(os.path.abspath(__file__))
 HISTORY_CHARS = 1 << 20  # of cell sources kept for %history (the latest cells)
@@ -69,7 +69,8 @@ class Executor:
         self.namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         self.execution_count = 0
         self.history = History()
-        self.shell = Shell(self.namespace, self.history)  # get_ipython(), in the namespace
+        # get_ipython(), in the namespace
+        self.shell = Shell(self.namespace, self.history, _load_magics)
         self._passing_source: str | None = None  # the linecache entry `end_cell` drops
 
     def run(self, source: str, in_cell: Callable[[bool], None], *, silent: bool = False) -> Outcome:
@@ -117,6 +118,13 @@ class Executor:
         if self._passing_source is not None:
             linecache.cache.pop(self._passing_source, None)
             self._passing_source = None
+
+
+def _load_magics(shell: Shell) -> MagicRunner:
+    """The shell's magics, imported on their first use (the kernel starts without them)."""
+    from .magics import Magics
+
+    return Magics(shell)
 
 
 def _lines(source: str) -> list[str]:

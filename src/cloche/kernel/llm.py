@@ -7,13 +7,11 @@ makes the request (within the session's budgets) and answers it.
     host -> kernel  {"op": "llm_reply", "id": int, "texts": [str, ...]}
                     {"op": "llm_reply", "id": int, "error": str}
 
-While a cell runs, the host sends nothing else, and the serve loop (the channel's usual
-reader) is busy running the cell; so the callers waiting for replies read the channel
-themselves, one at a time, each reply going to its caller (threads of the cell may call
-too). Calls are accepted only while a cell runs, and the end of a cell waits for every
-reply still owed, so the serve loop never meets one. In the main thread, SIGINT is held
-back for the length of a call: an interrupt in the middle of a frame would break the
-framing. The host answers an interrupted cell's calls at once, so the hold is short.
+The channel's reader (`router.Router`, a thread of its own) hands each reply to its caller
+(threads of the cell may call too). Calls are accepted only while a cell runs, and the end
+of a cell waits for every reply still owed. In the main thread, SIGINT is held back for the
+length of a call: an interrupt in the middle of sending a frame would break the framing.
+The host answers an interrupted cell's calls at once, so the hold is short.
 
 The host also uses this module, through silent cells, to switch the functions on
 (`install`) and to load a session's context into the variable `context` (`load_context`).
@@ -54,7 +52,6 @@ class Bridge:
         self._workdir = os.getcwd()
         self._cond = threading.Condition(threading.Lock())
         self._open = False  # a cell runs: calls are accepted
-        self._reading = False  # a caller is reading the channel
         self._owed: set[int] = set()  # requests sent whose reply has not been read
         self._replies: dict[int, dict[str, Any]] = {}  # read, not yet taken by their caller
         self._next_id = 1
@@ -91,7 +88,7 @@ class Bridge:
         with self._cond:
             self._open = running
             while not running and self._owed and not self._lost:
-                self._read_or_wait()
+                self._cond.wait()
 
     def hold_interrupt(self) -> bool:
         """Called by the SIGINT handler: True if the interrupt must wait for a call's end."""
@@ -137,7 +134,7 @@ class Bridge:
                 while request_id not in self._replies:
                     if self._lost:
                         raise ConnectionError("the host closed the channel")
-                    self._read_or_wait()
+                    self._cond.wait()
                 reply = self._replies.pop(request_id)
         finally:
             self._holding = False
@@ -194,7 +191,7 @@ class Bridge:
                 while request_id not in self._replies:
                     if self._lost:
                         raise LLMError("the host closed the channel")
-                    self._read_or_wait()
+                    self._cond.wait()
                 reply = self._replies.pop(request_id)
                 answers = reply.get("texts")
                 if error is None and isinstance(reply.get("error"), str):
@@ -208,28 +205,21 @@ class Bridge:
             raise (_Interrupted if interrupted else LLMError)(error)
         return texts
 
-    def _read_or_wait(self) -> None:
-        """With the lock held: read one frame if nobody is reading, else wait for a reader."""
-        if self._reading:
-            self._cond.wait()
-            return
-        self._reading = True
-        self._cond.release()
-        try:
-            message = self._channel.recv()
-        except Exception:  # the host sends valid frames; anything else means it is gone
-            message = None
-        finally:
-            self._cond.acquire()
-            self._reading = False
-            self._cond.notify_all()
-        if message is None:
+    def deliver(self, message: dict[str, Any]) -> None:
+        """A frame from the host for a caller (from the channel's reader thread); one that
+        answers nothing owed is dropped."""
+        with self._cond:
+            request_id = message.get("id")
+            if message.get("op") in _REPLIES and request_id in self._owed:
+                self._owed.discard(request_id)
+                self._replies[request_id] = message
+                self._cond.notify_all()
+
+    def lost(self) -> None:
+        """The host closed the channel: nobody waits for a reply any more."""
+        with self._cond:
             self._lost = True
-            return
-        request_id = message.get("id")
-        if message.get("op") in _REPLIES and request_id in self._owed:
-            self._owed.discard(request_id)
-            self._replies[request_id] = message
+            self._cond.notify_all()
 
 
 _bridge: Bridge | None = None

@@ -24,10 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .expansion import expand
 from .inspection import object_help
 from .ipython import compile_cell, translate
-from .shell import SH, UsageError, expand, run_command
+from .processes import SH, run_command
 from .timing import TimeitResult, time_run, timeit_options, timeit_run
+from .usage import UsageError
 
 if TYPE_CHECKING:
     from .shell import Shell

@@ -12,10 +12,11 @@ import json
 import math
 import os
 import signal
+import socket
 import time
 from typing import Any
 
-from . import introspect
+from . import introspect, procd
 from .capture import OutputCapture
 from .channel import Channel
 from .display import as_json, mime_bundle
@@ -23,6 +24,7 @@ from .executor import Executor, format_error
 from .figures import FigureCapture
 from .llm import Bridge
 from .pip import Pip
+from .router import Router, drop_privileges
 from .stdin import Prompter
 
 
@@ -71,9 +73,9 @@ class Kernel:
         self.capture.end_cell()  # keep the order, as a display does
         self.channel.send({"op": "page", "text": text})
 
-    def serve(self) -> None:
+    def serve(self, router: Router) -> None:
         self.channel.send({"op": "ready", "pid": os.getpid()})
-        while (message := self.channel.recv()) is not None:
+        while (message := router.next_cell()) is not None:
             if message.get("op") == "exec":
                 self.prompter.allowed = message.get("stdin") is True
                 pager = self._send_page if message.get("pager") is True else None
@@ -140,11 +142,45 @@ def _json_size(value: Any) -> float:
         return math.inf
 
 
+def start_supervisor() -> socket.socket | None:
+    """Fork the process supervisor (it keeps root where the sandbox gives it), then become
+    the session's user for good: `CLOCHE_USER` is "uid:gid:home". None when it can't fork."""
+    uid, gid, home = (os.environ.pop("CLOCHE_USER", "") or f"{os.getuid()}:{os.getgid()}:").split(
+        ":", 2
+    )
+    kernel_end, supervisor_end = socket.socketpair()
+    try:
+        pid = os.fork()
+    except OSError:
+        kernel_end.close()
+        supervisor_end.close()
+        supervisor = None
+    else:
+        if pid == 0:  # the supervisor keeps its socket alone: never the host's channel
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            keep = supervisor_end.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 1 << 16)
+            procd.run(supervisor_end)
+        supervisor_end.close()
+        supervisor = kernel_end
+    if int(uid) != os.getuid():
+        drop_privileges(int(uid), int(gid), home)
+    elif home:
+        os.chdir(home)
+    return supervisor
+
+
 def main() -> None:
     channel = Channel.take_stdio()
+    supervisor = start_supervisor()
     kernel = Kernel(channel)
+    router = Router(channel, kernel.llm, supervisor)
+    router.start()
     try:
-        kernel.serve()
+        kernel.serve(router)
     except BaseException:  # noqa: S110  # the host sees the channel close and reports it
         pass
     finally:

@@ -59,8 +59,8 @@ class Prompter:
                 "on_input=...). Pass the value in the code instead."
             )
         if threading.current_thread() is not threading.main_thread():
-            # The channel is read by the serve loop once the cell ends: a thread still
-            # waiting then would share that reader.
+            # A thread's prompt could outlive its cell, and with it the client that
+            # answers prompts.
             raise StdinNotImplementedError("input() works only in a cell's main thread")
         sys.stdout.flush()
         sys.stderr.flush()

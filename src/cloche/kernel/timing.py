@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .ipython import translate
+from .usage import UsageError
 
 _REPEAT = 7  # %timeit's runs, as IPython (timeit's own default is 5)
 _AUTORANGE_S = 0.2  # %timeit loops the first power of ten that takes this long, as IPython
@@ -80,8 +81,6 @@ def timeit_options(line: str) -> tuple[dict[str, int], str]:
     Raises:
         UsageError: an option IPython has and this kernel hasn't (-t, -c, -v), or a bad number.
     """
-    from .shell import UsageError
-
     options: dict[str, int] = {}
     words = line.lstrip().split(" ")
     while words and words[0].startswith("-") and len(words[0]) >= 2:

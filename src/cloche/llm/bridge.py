@@ -203,7 +203,7 @@ def install_code(config: LLMConfig, max_frame_bytes: int) -> str:
 
 
 class SessionsLLM:
-    """A session manager's way to `llm_query` (`cloche.sessions.kernel.LLMHookup`): the
+    """A session manager's way to `llm_query` (`cloche.sessions.hookups.LLMHookup`): the
     broker, handed down by whoever made it (the server, or a cluster node's agent)."""
 
     def __init__(self, broker: Broker, max_frame_bytes: int) -> None:

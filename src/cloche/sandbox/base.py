@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, ClassVar
 
 from cloche.config import Limits, ServerConfig
+from cloche.sandbox.layers import System
 from cloche.sandbox.state import StateDir
 
 log = logging.getLogger("cloche.sandbox")
@@ -60,6 +61,10 @@ class Sandbox(abc.ABC):
         # session), on its kernel's sys.path; None when the backend has none.
         self.site_dir: Path | None = None
         self.file_owner: tuple[int, int] | None = None  # (uid, gid) for files we put there
+        # The user the session's cells run as, by name, which its commands run as unless
+        # they ask for root; None: the kernel's own (a backend without users).
+        self.user: str | None = None
+        self.root_inside = False  # a command may run as root inside
         # Egress: the host directory where the session's door (a unix socket) goes, and its
         # path as the kernel sees it; None when the server gives no egress.
         self.door_dir: Path | None = None
@@ -254,8 +259,8 @@ class Backend(abc.ABC):
         """Remove what a previous (crashed) server left in instance_dir."""
 
     @abc.abstractmethod
-    def create(self, limits: Limits) -> Sandbox:
-        """A new sandbox (not launched yet)."""
+    def create(self, limits: Limits, system: System | None = None) -> Sandbox:
+        """A new sandbox (not launched yet), of system (by default the template python)."""
 
     def shutdown(self) -> None:
         """Release the state directory. Sandboxes must be closed before."""

@@ -9,24 +9,40 @@ from typing import Any
 
 from cloche.config import MIB, Limits
 from cloche.sandbox import cgroups
+from cloche.sandbox.layers import System
 
-SANDBOX_UID = 10001  # no account on the host; files land on the host with this uid
-SANDBOX_GID = 10001
-WORKDIR = "/work"
+USER_UID = 1000  # the template python's `user`; files land on the host with this uid
+USER_GID = 1000
+HOME = "/home/user"
+OLD_WORKDIR = "/work"  # a link to the home, for clients of the sandbox before templates
 KERNEL_MOUNT = "/opt/cloche/cloche/kernel"
 RUNTIME_MOUNT = "/opt/cloche/site-packages"
 DOOR_MOUNT = "/run/cloche"  # egress: the session's door (a host unix socket) and CA bundle
 # The session's own packages (`%pip install`): writable, on the kernel's sys.path after the
 # runtime's, so that an install can add packages but never replace one the runtime has.
 SITE_MOUNT = "/opt/cloche/session-site"
+# What root inside the sandbox may do there (gVisor's capabilities, none of the host's):
+# Docker's default set, without raw sockets, device nodes and file capabilities.
+ROOT_CAPABILITIES = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+]
 
 _ETC = {
     "passwd": (
-        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{WORKDIR}:/usr/sbin/nologin\n"
+        "root:x:0:0:root:/root:/bin/bash\n"
+        f"user:x:{USER_UID}:{USER_GID}:user:{HOME}:/bin/bash\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     ),
-    "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
+    "group": f"root:x:0:\nuser:x:{USER_GID}:\nnogroup:x:65534:\n",
     "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
     "hostname": "sandbox\n",
     "resolv.conf": "",
@@ -50,13 +66,23 @@ class Mount:
 
 
 def build_rootfs(rootfs: Path, mounts: list[Mount]) -> None:
-    """The skeleton root: merged-/usr symlinks, our own /etc, and empty mount points."""
-    fixed = (WORKDIR.strip("/"), RUNTIME_MOUNT[1:], SITE_MOUNT[1:], DOOR_MOUNT[1:])
-    for name in ("usr", "etc", "tmp", "proc", "dev", "sys", *fixed):
+    """The template python's root: merged-/usr links, our own /etc, the user's home, and
+    empty mount points (below each session's layer: never written)."""
+    fixed = (HOME[1:], "root", RUNTIME_MOUNT[1:], SITE_MOUNT[1:], DOOR_MOUNT[1:])
+    for name in ("usr", "etc", "proc", "dev", "sys", *fixed):
         (rootfs / name).mkdir(parents=True, exist_ok=True)
-    for link in ("bin", "lib", "lib64", "sbin"):
+    (rootfs / "tmp").mkdir(exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
+    os.chown(rootfs / HOME[1:], USER_UID, USER_GID)
+    for link, target in (
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("sbin", "usr/sbin"),
+        (OLD_WORKDIR[1:], HOME),
+    ):
         if not (rootfs / link).is_symlink():
-            os.symlink(f"usr/{link}", rootfs / link)
+            os.symlink(target, rootfs / link)
     for name, text in _ETC.items():
         (rootfs / "etc" / name).parent.mkdir(exist_ok=True)
         (rootfs / "etc" / name).write_text(text)
@@ -69,43 +95,38 @@ def oci_config(
     *,
     rootfs: Path,
     args: list[str],
+    system: System,
     workdir: Path,
     mounts: list[Mount],
     site_dir: Path | None = None,
+    usr_layer: Path | None = None,
     limits: Limits,
     cgroups_path: str,
     cpu_shares: int = cgroups.STARTING_CPU_SHARES,
+    root_inside: bool = True,
 ) -> dict[str, Any]:
-    """config.json for one sandbox, hardened as the security spec says."""
+    """config.json for one sandbox, hardened as the security spec says. The root is the
+    session's overlay (writable, bounded by its disk); with root_inside the kernel starts as
+    root inside the sandbox, to fork the process supervisor, and then becomes the user."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
+    rw = ["rbind", "rw", "nosuid", "nodev"]
     oci_mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro},
+    ]
+    if usr_layer is not None:
+        oci_mounts.append(
+            {"destination": "/usr", "type": "bind", "source": str(usr_layer), "options": rw}
+        )
+    oci_mounts += [
         *(
             {"destination": m.destination, "type": "bind", "source": str(m.source), "options": ro}
             for m in mounts
         ),
-        {
-            "destination": "/tmp",  # noqa: S108  # the sandbox's own tmpfs
-            "type": "tmpfs",
-            "source": "tmpfs",
-            "options": ["nosuid", "nodev", "mode=1777", f"size={limits.disk_mib}m"],
-        },
-        {
-            "destination": WORKDIR,
-            "type": "bind",
-            "source": str(workdir),
-            "options": ["rbind", "rw", "nosuid", "nodev"],
-        },
+        {"destination": system.home, "type": "bind", "source": str(workdir), "options": rw},
     ]
     if site_dir is not None:
         oci_mounts.append(
-            {
-                "destination": SITE_MOUNT,
-                "type": "bind",
-                "source": str(site_dir),
-                "options": ["rbind", "rw", "nosuid", "nodev"],
-            }
+            {"destination": SITE_MOUNT, "type": "bind", "source": str(site_dir), "options": rw}
         )
     resources: dict[str, Any] = {
         "memory": {"limit": limits.cgroup_memory_mib * MIB},
@@ -124,24 +145,16 @@ def oci_config(
     return {
         "ociVersion": "1.0.2",
         "hostname": "sandbox",
-        "root": {"path": str(rootfs), "readonly": True},
+        "root": {"path": str(rootfs), "readonly": False},
         "process": {
-            "user": {"uid": SANDBOX_UID, "gid": SANDBOX_GID},
+            "user": {"uid": 0, "gid": 0} if root_inside else {"uid": system.uid, "gid": system.gid},
             "args": args,
-            "env": [
-                "PATH=/usr/local/bin:/usr/bin:/bin",
-                f"HOME={WORKDIR}",
-                "LANG=C.UTF-8",
-                "TMPDIR=/tmp",
-                "MPLBACKEND=Agg",
-                "MPLCONFIGDIR=/tmp/.matplotlib",
-                "PYTHONDONTWRITEBYTECODE=1",
-                # glibc reserves 64 MiB of address space per thread arena: under RLIMIT_AS
-                # that would cap a session at a handful of threads.
-                "MALLOC_ARENA_MAX=2",
-            ],
-            "cwd": WORKDIR,
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": []},
+            "env": kernel_env(system),
+            "cwd": "/",
+            "capabilities": {
+                kind: list(ROOT_CAPABILITIES) if root_inside and kind != "inheritable" else []
+                for kind in ("bounding", "effective", "inheritable", "permitted")
+            },
             "noNewPrivileges": True,
             "rlimits": [
                 rlimit("RLIMIT_AS", limits.memory_mib * MIB),
@@ -158,3 +171,24 @@ def oci_config(
             "resources": resources,
         },
     }
+
+
+def kernel_env(system: System) -> list[str]:
+    """The kernel's environment: the image's, then ours (the kernel becomes the user named
+    by CLOCHE_USER, "uid:gid:home", and forgets the variable)."""
+    ours = {
+        "HOME": system.home,
+        "TMPDIR": "/tmp",  # noqa: S108  # the sandbox's own
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",  # noqa: S108
+        "PYTHONDONTWRITEBYTECODE": "1",
+        # glibc reserves 64 MiB of address space per thread arena: under RLIMIT_AS that
+        # would cap a session at a handful of threads.
+        "MALLOC_ARENA_MAX": "2",
+        "CLOCHE_USER": f"{system.uid}:{system.gid}:{system.home}",
+    }
+    env = dict(item.split("=", 1) for item in system.env if "=" in item)
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(ours)
+    return [f"{key}={value}" for key, value in env.items()]

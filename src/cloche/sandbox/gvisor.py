@@ -8,34 +8,28 @@ import os
 import select
 import shutil
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cloche.config import Limits, ServerConfig
 from cloche.errors import BackendUnavailable, SandboxStartError
-from cloche.sandbox import archive, cgroups, mounts
+from cloche.sandbox import archive, cgroups, layers, mounts
 from cloche.sandbox.base import (
-    KERNEL_PACKAGE_DIR,
     Backend,
     ExitStep,
     Sandbox,
     interrupt_pid,
-    kernel_command,
     log,
 )
 from cloche.sandbox.bundle import (
     DOOR_MOUNT,
-    KERNEL_MOUNT,
-    RUNTIME_MOUNT,
-    SANDBOX_GID,
-    SANDBOX_UID,
-    SITE_MOUNT,
     Mount,
     build_rootfs,
     oci_config,
 )
+from cloche.sandbox.interpreter import Interpreters
+from cloche.sandbox.layers import System
 from cloche.sandbox.runsc import INSTALL_HINT, Runsc
 
 PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not tried
@@ -46,6 +40,8 @@ PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not 
 # 8.5 ms at 50 under systrap; see benchmarks/results/throughput.md).
 PTRACE_FROM_PER_CORE = 2
 PROBE_TIMEOUT_S = 30.0  # for a probe sandbox's kernel to say it is up
+# What a session's saved disk holds (see `layers`): an image of another layout is refused.
+LAYOUT_VERSION = 2
 
 
 class GVisorBackend(Backend):
@@ -62,29 +58,22 @@ class GVisorBackend(Backend):
         # out); moves run in one thread, in the order asked, as one can take tens of ms.
         self.moves_behind = False
         self.cpu_mover = ThreadPoolExecutor(1, thread_name_prefix="cloche-cpu-group")
-        python_prefix = Path(sys.base_prefix).resolve()
-        self.python = str(
-            Path(sys.base_exec_prefix)
-            / "bin"
-            / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-        )
-        self.mounts = [Mount(KERNEL_PACKAGE_DIR, KERNEL_MOUNT)]
-        if not python_prefix.is_relative_to("/usr"):
-            self.mounts.append(Mount(python_prefix, str(python_prefix)))
-        self.sys_path: list[str] = []
+        self.interpreters = Interpreters(config.runtime_dir)
         self._ptrace_when_busy = False  # platform "auto" chose systrap (see platform_for_new)
         self._ptrace_works = False  # what the probe at start-up found
         self._ptrace_probed = threading.Event()
         self._ptrace_probe: threading.Thread | None = None
         self._live = 0  # sandboxes launched and not yet released
         self._live_lock = threading.Lock()  # launches and releases run in threads
-        if config.runtime_dir is not None and config.runtime_dir.is_dir():
-            self.mounts.append(Mount(config.runtime_dir.resolve(), RUNTIME_MOUNT))
-            self.sys_path.append(RUNTIME_MOUNT)
 
     @property
     def rootfs(self) -> Path:
         return self.state.path / "rootfs"
+
+    @property
+    def system(self) -> System:
+        """The built-in template `python`: the skeleton root over the host's /usr."""
+        return System(name="python", rootfs=self.rootfs, usr=Path("/usr"), shell_path="/bin/bash")
 
     def prepare(self) -> None:
         if os.geteuid() != 0:
@@ -112,7 +101,7 @@ class GVisorBackend(Backend):
         self.runsc.root = self.state.path / "runsc"
         self.runsc.root.mkdir(mode=0o700)
         (self.state.path / "sandboxes").mkdir()
-        build_rootfs(self.rootfs, self.mounts)
+        build_rootfs(self.rootfs, self.interpreters.mounts)
         self.runsc.platform = self._choose_platform()
         self._ptrace_when_busy = self.config.platform == "auto" and self.runsc.platform == "systrap"
         if self._ptrace_when_busy:
@@ -169,7 +158,8 @@ class GVisorBackend(Backend):
         if self.config.runtime_dir is not None and self.config.runtime_dir.is_dir():
             stat = self.config.runtime_dir.stat()
             runtime = f" runtime {self.config.runtime_dir.resolve()}@{stat.st_mtime_ns}"
-        return f"{super().image_origin()} runsc {self.runsc.version} {self.runsc.platform}{runtime}"
+        version = f"runsc {self.runsc.version} {self.runsc.platform} layout {LAYOUT_VERSION}"
+        return f"{super().image_origin()} {version}{runtime}"
 
     def count_live(self, change: int) -> int:
         """Count sandboxes launched (1) or released (-1); the number live now."""
@@ -198,8 +188,8 @@ class GVisorBackend(Backend):
         self._ptrace_probed.wait(timeout=PROBE_TIMEOUT_S + 10.0)
         return "ptrace" if self._ptrace_works else None
 
-    def create(self, limits: Limits) -> GVisorSandbox:
-        return GVisorSandbox(self, self.new_id(), limits)
+    def create(self, limits: Limits, system: System | None = None) -> GVisorSandbox:
+        return GVisorSandbox(self, self.new_id(), limits, system or self.system)
 
     def sweep(self) -> None:
         if self.runsc is None:
@@ -234,22 +224,26 @@ class GVisorBackend(Backend):
 class GVisorSandbox(Sandbox):
     """A kernel in its own runsc sandbox, attached (`runsc run`) through pipes."""
 
-    def __init__(self, backend: GVisorBackend, sandbox_id: str, limits: Limits) -> None:
+    def __init__(
+        self, backend: GVisorBackend, sandbox_id: str, limits: Limits, system: System
+    ) -> None:
         self.backend = backend
         self.home = backend.state.path / "sandboxes" / sandbox_id
-        # One tmpfs of the disk limit holds the working directory and the site directory,
-        # so that installed packages count against the session's disk, as its files do.
+        # One tmpfs of the disk limit holds everything the session writes (its home, its
+        # packages, its layer over the template), so that all of it counts against its disk.
         super().__init__(sandbox_id, self.home / "disk" / "work", limits)
+        self.system = system
         self.site_dir: Path = self.disk / "site"
         self.sandbox_pid: int | None = None
         self.frozen = False
-        self.file_owner = (SANDBOX_UID, SANDBOX_GID)
+        self.file_owner = (system.uid, system.gid)
+        self.user = system.user
+        self.root_inside = not backend.config.no_root
+        kernel = backend.interpreters.for_system(system)
         # The sandbox's process: the kernel (a benchmark may run something else).
-        self.command = kernel_command(
-            backend.python, str(Path(KERNEL_MOUNT).parent.parent), [*backend.sys_path, SITE_MOUNT]
-        )
+        self.command = kernel.command
+        self.mounts = kernel.mounts
         self._mounted = False
-        self.mounts = backend.mounts
         self._counted = False  # in backend's count of live sandboxes
         self.platform: str | None = None  # runsc's unless set (a restore is always runsc's)
         self._cpu_group_lock = threading.Lock()  # a move behind against the release
@@ -262,11 +256,8 @@ class GVisorSandbox(Sandbox):
         return self.home / "disk"
 
     def use_runtime(self, runtime_dir: Path) -> None:
-        self.mounts = [m for m in self.backend.mounts if m.destination != RUNTIME_MOUNT]
-        self.mounts.append(Mount(runtime_dir.resolve(), RUNTIME_MOUNT))
-        self.command = kernel_command(
-            self.backend.python, str(Path(KERNEL_MOUNT).parent.parent), [RUNTIME_MOUNT, SITE_MOUNT]
-        )
+        kernel = self.backend.interpreters.for_system(self.system, runtime_dir)
+        self.command, self.mounts = kernel.command, kernel.mounts
 
     @property
     def runsc(self) -> Runsc:
@@ -287,13 +278,15 @@ class GVisorSandbox(Sandbox):
         live = backend.count_live(1)
         self._counted = True
         self.disk.mkdir(parents=True)
-        mounts.mount_tmpfs(self.disk, self.limits.disk_mib, SANDBOX_UID, SANDBOX_GID)
+        mounts.mount_tmpfs(self.disk, self.limits.disk_mib, 0, 0)
         self._mounted = True
-        for directory in (self.workdir, self.site_dir):
-            directory.mkdir(mode=0o700)
-            os.chown(directory, SANDBOX_UID, SANDBOX_GID)
-        if self.seed is not None:  # a saved disk: working and site directories
-            archive.unpack(self.seed, self.disk, SANDBOX_UID, SANDBOX_GID)
+        if self.seed is not None:  # a saved disk: home, packages and layers
+            archive.unpack(self.seed, self.disk)
+        else:
+            for directory in (self.workdir, self.site_dir):
+                directory.mkdir(mode=0o700)
+                os.chown(directory, self.system.uid, self.system.gid)
+        layers.lay(self.system, self.disk, self.home / "root", self.home / "usr")
         bundle = self.home / "bundle"
         bundle.mkdir()
         binds = self.mounts
@@ -303,11 +296,14 @@ class GVisorSandbox(Sandbox):
             self.door_inside = DOOR_MOUNT
             binds = [*binds, Mount(self.door_dir, DOOR_MOUNT)]
         config = oci_config(
-            rootfs=backend.rootfs,
+            rootfs=self.home / "root",
             args=self.command,
+            system=self.system,
             workdir=self.workdir,
             mounts=binds,
             site_dir=self.site_dir,
+            usr_layer=self.home / "usr" if self.system.usr is not None else None,
+            root_inside=self.root_inside,
             limits=self.limits,
             cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),
             cpu_shares=cgroups.SERVING_CPU_SHARES if self.urgent else cgroups.STARTING_CPU_SHARES,
@@ -450,5 +446,6 @@ class GVisorSandbox(Sandbox):
             self._released = True
             cgroups.remove(self._behind)
         if self._mounted:
-            mounts.unmount(self.disk)
+            for point in mounts.mounts_under(self.home):  # the layers first, then the disk
+                mounts.unmount(point)
         shutil.rmtree(self.home, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Host mounts for working directories: a size-limited tmpfs per sandbox."""
+"""Host mounts of sandboxes: a size-limited tmpfs per sandbox, overlays over templates."""
 
 from __future__ import annotations
 
@@ -19,6 +19,21 @@ def mount_tmpfs(path: Path, size_mib: int, uid: int, gid: int) -> None:
     if _libc.mount(b"tmpfs", bytes(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mount tmpfs on {path}: {os.strerror(errno)}")
+
+
+# The overlay's upper directory must be a plain tree the host can save and lay out again:
+# whiteouts and opaque directories only, no index, no redirects, no metadata-only copies.
+_OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off"
+
+
+def mount_overlay(path: Path, lower: Path, upper: Path, work: Path) -> None:
+    """Mount an overlay on path: lower read-only under upper's changes (work: the overlay's
+    scratch directory, on upper's file system)."""
+    options = f"lowerdir={lower},upperdir={upper},workdir={work},{_OVERLAY_OPTIONS}".encode()
+    flags = _MS_NOSUID | _MS_NODEV
+    if _libc.mount(b"overlay", bytes(path), b"overlay", flags, options) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount overlay on {path} over {lower}: {os.strerror(errno)}")
 
 
 def unmount(path: Path) -> None:

@@ -24,6 +24,7 @@ from cloche.sandbox.base import (
     kernel_command,
     log,
 )
+from cloche.sandbox.layers import System
 
 WARNING = (
     "backend unsafe-local: code runs as a plain subprocess with the server's own rights, "
@@ -51,7 +52,9 @@ class UnsafeLocalBackend(Backend):
     def clean_stale(self, instance_dir: Path) -> None:
         """Nothing beyond the directory itself: its kernels exit when their pipes close."""
 
-    def create(self, limits: Limits) -> UnsafeLocalSandbox:
+    def create(self, limits: Limits, system: System | None = None) -> UnsafeLocalSandbox:
+        if system is not None and system.name != "python":
+            raise SandboxStartError(f"the {self.name} backend has no templates but python")
         return UnsafeLocalSandbox(self, self.new_id(), limits)
 
 

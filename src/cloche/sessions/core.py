@@ -1,7 +1,8 @@
-"""Live sessions of one machine: create, find, run, files, close, expire.
+"""Live sessions of one machine: create, find, list, close, expire.
 
 The first layer of `LocalSessionManager` (`sessions.local`): what a session is while its
-sandbox runs. Saving one (pause, snapshot, fork) is the next layer's
+sandbox runs. What it does meanwhile (cells, files) is the next layer's
+(`sessions.running`); saving one (pause, snapshot, fork) the layer after
 (`sessions.durability`), which this one calls through the abstract methods at its end.
 """
 
@@ -10,46 +11,42 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
-import contextlib
+import json
 import logging
 import os
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
     Coroutine,
     Mapping,
-    Sequence,
 )
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, ServerConfig
 from cloche.errors import (
-    CellNotFound,
-    KernelDied,
+    SandboxError,
     SessionLost,
     SessionMoved,
     SessionNotFound,
+    UnknownProfile,
 )
-from cloche.packages.bridge import KernelPip, SilentRun
+from cloche.packages.bridge import KernelPip
 from cloche.packages.installer import Installer
 from cloche.packages.profiles import ProfileCatalog
-from cloche.protocol.paths import normalise
 from cloche.sandbox.base import Backend
-from cloche.sandbox.files import FileListing, StreamedFile, WorkdirFiles
+from cloche.sandbox.layers import System
 from cloche.sessions.doors import EgressAsk, SessionDoors, egress_record, owner_tag, placeholders_of
 from cloche.sessions.durable import Checkpoints
+from cloche.sessions.ends import Ends
 from cloche.sessions.gate import SLOTS_PER_CORE, CellGate
-from cloche.sessions.history import CellEntry, History, entry_of
-from cloche.sessions.kernel import EventCallback, KernelClient, LLMHookup
+from cloche.sessions.history import History
+from cloche.sessions.hookups import LLMHookup, TemplateSystems
+from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import (
-    READ_PIECE_BYTES,
-    InstalledPackages,
     SessionManager,
+    check_env,
     check_metadata,
     matches,
     new_session_id,
@@ -57,7 +54,8 @@ from cloche.sessions.manager import (
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
 from cloche.sessions.pools import ProfilePools
-from cloche.sessions.result import CellResult, CellStatus
+from cloche.sessions.profiles import PYTHON
+from cloche.sessions.result import CellStatus
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord, Store
 
@@ -65,12 +63,7 @@ if TYPE_CHECKING:
     from cloche.egress.service import Egress
 
 log = logging.getLogger("cloche.session")
-
-ENDED_KEPT = 10_000  # sessions that ended on their own, remembered for a cluster's directory
-_EXPIRED = frozenset({"idle", "lifetime"})  # ends no front end asked for
-STREAM_FLUSH_BYTES = 1 << 20  # a streamed file is written in pieces of about this size
-_DIED = frozenset({"lost", "killed"})  # ends in which the sandbox died
-SETTLE_WAIT_S = 5.0  # a dead sandbox's death is told once explained, or after this
+ENV_TIMEOUT_S = 30.0  # for a new session's kernel to take its environment
 
 
 class LiveSessions(SessionManager):
@@ -85,8 +78,11 @@ class LiveSessions(SessionManager):
         observer: Observer | None = None,
         egress: Egress | None = None,
         llm: LLMHookup | None = None,
+        templates: TemplateSystems | None = None,
     ) -> None:
         self.config = config
+        # The templates sessions may be made of, beside python (`templates()` is a verb)
+        self.template_systems = templates
         self.egress = egress  # the server's egress policies
         self.doors = SessionDoors(egress)  # the sessions' ways out, by session id
         self.backend = backend
@@ -97,7 +93,9 @@ class LiveSessions(SessionManager):
             config.packages, sys.executable, config.runtime_dir, self.observer
         )
         setup = llm.setup_code if llm is not None else ""  # run by every new sandbox
-        self.profile_pools = ProfilePools(config, backend, self.observer, self.installer, setup)
+        self.profile_pools = ProfilePools(
+            config, backend, self.observer, self.installer, setup, self._system_of
+        )
         self.store = Store(config.data_dir, config.data_max_mib * MIB)
         self.checkpoints = Checkpoints(self.store, backend, config.limits, config.max_frame_bytes)
         self._sessions: dict[str, Session] = {}
@@ -116,10 +114,7 @@ class LiveSessions(SessionManager):
         self._pausing: dict[str, asyncio.Task[None]] = {}  # page-outs under way
         self._page_outs = asyncio.Semaphore(config.pause_concurrency)
         self._restores = asyncio.Semaphore(os.cpu_count() or 1)
-        self.closed_by_reason: Counter[str] = Counter()
-        # Sessions that ended on their own (see ended_since), numbered from 1.
-        self._ended: deque[tuple[int, str]] = deque(maxlen=ENDED_KEPT)
-        self.ended_seq = 0
+        self.ends = Ends(self.observer, self._in_background)
         self.created = 0
         self._stopped = False
 
@@ -145,8 +140,31 @@ class LiveSessions(SessionManager):
     async def wait_ready(self, profile: str = "lean", timeout_s: float = 120.0) -> None:
         await self.profile_pools.wait_ready(profile, timeout_s)
 
-    async def _pool(self, name: str) -> WarmPool:
-        return await self.profile_pools.get(name)
+    async def _pool(self, name: str, template: str = PYTHON) -> WarmPool:
+        return await self.profile_pools.get(name, template)
+
+    def _system_of(self, template: str) -> System:
+        """A template's system, for its sessions' sandboxes.
+
+        Raises:
+            TemplateNotFound, TemplateNotReady, TemplateFailed: it can't serve.
+        """
+        if self.template_systems is None:
+            raise UnknownProfile(f"no template {template!r} here: this server has python alone")
+        return self.template_systems.system(template)
+
+    async def _set_env(self, kernel: KernelClient, env: Mapping[str, str]) -> None:
+        """Put variables into a kernel's environment (its commands get them from the
+        session's record).
+
+        Raises:
+            SandboxError: the kernel could not set them.
+        """
+        code = f"import os\nos.environ.update({json.dumps(dict(env))})"
+        result = await kernel.execute(code, timeout_s=ENV_TIMEOUT_S, silent=True)
+        if result.status is not CellStatus.OK:
+            why = result.error["evalue"] if result.error else result.message
+            raise SandboxError(f"could not set the session's environment: {why}")
 
     def profiles(self) -> list[dict[str, Any]]:
         """Every profile with its state and packages (blocking: reads runtimes' listings)."""
@@ -169,8 +187,11 @@ class LiveSessions(SessionManager):
         egress: EgressAsk = None,
         metadata: Mapping[str, str] | None = None,
         cell_timeout_s: float | None = None,
+        template: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> SessionInfo:
         labels = check_metadata(metadata or {})
+        variables = check_env(env or {})
         if egress is None and self.catalog is not None:  # the profile's own, if it has one
             status = self.catalog.statuses.get(profile)
             if status is not None and status.spec is not None:
@@ -184,9 +205,22 @@ class LiveSessions(SessionManager):
                 policy = self.doors.policy_again(taken, snapshot)
             session = await self._from_snapshot(snapshot, owner, labels if metadata else None)
         else:
-            session = await self._create(owner, profile, labels)
+            session = await self._create(owner, profile, labels, template or PYTHON)
+        changed = False
         if cell_timeout_s is not None and cell_timeout_s > 0:
             session.cell_timeout_s = min(cell_timeout_s, self.limits.cell_timeout_s)
+            changed = True
+        if variables:
+            try:
+                assert session.kernel is not None
+                await self._set_env(session.kernel, variables)
+            except BaseException:
+                self._remove(session, "lost")
+                await self._close(session, "lost")
+                raise
+            session.env = {**session.env, **variables}
+            changed = True
+        if changed:
             await asyncio.to_thread(self.store.save, self._record(session, RecordState.LIVE))
         if policy is not None:
             session.placeholders = placeholders
@@ -197,7 +231,7 @@ class LiveSessions(SessionManager):
                 await self._close(session, "lost")
                 raise
         info = session.info()
-        data = {"profile": info.profile, "metadata": info.metadata}
+        data = {"profile": info.profile, "template": session.template, "metadata": info.metadata}
         self._tell("session.created", session, {**data, "snapshot": snapshot} if snapshot else data)
         return info
 
@@ -206,16 +240,20 @@ class LiveSessions(SessionManager):
         self.observer.event(kind, session.id, session.owner_key, data)
 
     async def _create(
-        self, owner: str | None, profile: str = "lean", metadata: dict[str, str] | None = None
+        self,
+        owner: str | None,
+        profile: str = "lean",
+        metadata: dict[str, str] | None = None,
+        template: str = PYTHON,
     ) -> Session:
-        pool = await self._pool(profile)
+        pool = await self._pool(profile, template)
         await self._room_for(1)
         self._creating += 1
         try:
             kernel = await pool.take()
         finally:
             self._creating -= 1
-        return self._adopt(kernel, owner_key(owner), profile, metadata=metadata)
+        return self._adopt(kernel, owner_key(owner), profile, metadata=metadata, template=template)
 
     def _adopt(
         self,
@@ -227,9 +265,11 @@ class LiveSessions(SessionManager):
         metadata: dict[str, str] | None = None,
         history: History | None = None,
         cell_timeout_s: float | None = None,
+        template: str = PYTHON,
+        env: Mapping[str, str] | None = None,
     ) -> Session:
         """A new session (new id) on a started kernel, with its record on disk (and the
-        metadata and history of the session it copies, if any)."""
+        metadata, history, template and environment of the session it copies, if any)."""
         session = Session(
             new_session_id(),
             kernel,
@@ -243,6 +283,8 @@ class LiveSessions(SessionManager):
         session.waker = self._wake
         session.metadata = dict(metadata or {})
         session.cell_timeout_s = cell_timeout_s
+        session.template = template
+        session.env = dict(env or {})
         session.history = history.copy() if history is not None else self._new_history()
         self._equip(session, kernel)
         self._sessions[session.id] = session
@@ -289,6 +331,8 @@ class LiveSessions(SessionManager):
             metadata=dict(session.metadata),
             cell_timeout_s=session.cell_timeout_s,
             paused_for=paused_for,
+            template=session.template,
+            env=dict(session.env),
         )
 
     @property
@@ -326,35 +370,6 @@ class LiveSessions(SessionManager):
         found = self.list(owner, every=every)
         return [info for info in found if matches(info, state, profile, metadata)]
 
-    async def set_metadata(
-        self, session_id: str, changes: Mapping[str, str | None], owner: str | None = None
-    ) -> SessionInfo:
-        session = self._find(session_id, owner)
-        session.metadata = check_metadata(session.metadata, changes)
-        if session.paused:  # its record on disk is what a restart reads
-            record = await asyncio.to_thread(self.store.session_record, session_id)
-            await asyncio.to_thread(self.store.save, replace(record, metadata=session.metadata))
-        else:
-            state = RecordState.LIVE
-            await asyncio.to_thread(self.store.save, self._record(session, state))
-        return session.info()
-
-    async def history(
-        self,
-        session_id: str,
-        owner: str | None = None,
-        *,
-        after: int = 0,
-        limit: int | None = None,
-    ) -> builtins.list[CellEntry]:
-        return self._find(session_id, owner).history.after(after, limit)
-
-    async def cell(self, session_id: str, number: int, owner: str | None = None) -> CellEntry:
-        entry = self._find(session_id, owner).history.get(number)
-        if entry is None:
-            raise CellNotFound(session_id, number)
-        return entry
-
     def get(self, session_id: str, owner: str | None = None) -> SessionInfo:
         """`info`, for code on the server's own loop (and tests)."""
         return self._find(session_id, owner).info()
@@ -375,153 +390,6 @@ class LiveSessions(SessionManager):
             if (every or s.owner_key == key) and s.usable
         ]
 
-    async def execute(
-        self,
-        session_id: str,
-        code: str,
-        *,
-        owner: str | None = None,
-        timeout_s: float | None = None,
-        on_event: EventCallback | None = None,
-        track_files: bool = False,
-        silent: bool = False,
-        stdin: bool = False,
-        pager: bool = False,
-        front_end: str = "",
-        accepted: asyncio.Event | None = None,
-    ) -> CellResult:
-        session = self._find(session_id, owner)
-        limit = self.limits.cell_timeout_s
-        timeout_s = timeout_s if timeout_s and timeout_s > 0 else session.cell_timeout_s
-        timeout = min(timeout_s, limit) if timeout_s and timeout_s > 0 else limit
-        started = time.perf_counter()
-        if not silent:
-            self._tell("cell.started", session, {"front_end": front_end})
-        try:
-            result = await session.execute(
-                code,
-                timeout_s=timeout,
-                on_event=on_event,
-                track_files=track_files,
-                silent=silent,
-                stdin=stdin,
-                pager=pager,
-                accepted=accepted,
-            )
-        except KernelDied as exc:
-            self._forget(session, "lost")
-            raise SessionNotFound(session_id) from exc
-        self.observer.cell_finished(result, time.perf_counter() - started)
-        if not silent:
-            self._keep(session, result, code, front_end)
-        if result.status is CellStatus.KILLED:
-            self._forget(session, "killed")
-        return result
-
-    def _keep(self, session: Session, result: CellResult, code: str, front_end: str) -> None:
-        """Put a finished cell into its session's history, and tell of it."""
-        ended = time.time()
-        entry = entry_of(
-            result,
-            code,
-            session.history.next_number(),
-            started_at=ended - result.duration_ms / 1000,
-            ended_at=ended,
-            front_end=front_end,
-            output_bytes=self.config.history_output_bytes,
-        )
-        session.history.add(entry)
-        data = {
-            "number": entry.number,
-            "execution_count": entry.execution_count,
-            "status": entry.status,
-            "end_reason": entry.end_reason,
-            "duration_s": entry.duration_s,
-            "front_end": front_end,
-        }
-        self._tell("cell.finished", session, data)
-
-    async def install_packages(
-        self, session_id: str, specs: Sequence[str], owner: str | None = None
-    ) -> InstalledPackages:
-        session = self._find(session_id, owner)
-        await session.wake()
-        pip = session.kernel.pip if session.kernel is not None else None
-        if pip is None:  # closed while it was being woken
-            raise SessionNotFound(session_id)
-
-        async def run_silent(code: str) -> SilentRun:
-            result = await self.execute(session_id, code, owner=owner, silent=True)
-            ok = result.status is CellStatus.OK
-            return SilentRun(ok, result.status.value, result.message or "", result.error)
-
-        return await pip.install_through_cell(list(specs), run_silent)
-
-    async def interrupt(self, session_id: str, owner: str | None = None) -> bool:
-        session = self._find(session_id, owner)
-        await session.wake()
-        return session.interrupt()
-
-    async def answer_input(self, session_id: str, value: str, owner: str | None = None) -> bool:
-        session = self._find(session_id, owner)
-        return session.kernel is not None and session.kernel.answer_input(value)
-
-    async def files(self, session_id: str, owner: str | None = None) -> WorkdirFiles:
-        """The working directory itself (blocking methods: call them in a thread)."""
-        session = self._find(session_id, owner)
-        await session.wake()
-        if session.files is None:  # closed while it was being woken
-            raise SessionNotFound(session_id)
-        return session.files
-
-    async def list_files(self, session_id: str, owner: str | None = None) -> FileListing:
-        files = await self.files(session_id, owner)
-        return await asyncio.to_thread(files.list)
-
-    async def read_file(self, session_id: str, path: str, owner: str | None = None) -> bytes:
-        files = await self.files(session_id, owner)
-        return await asyncio.to_thread(files.read, path)
-
-    async def read_stream(
-        self, session_id: str, path: str, owner: str | None = None
-    ) -> tuple[int, AsyncGenerator[bytes, None]]:
-        files = await self.files(session_id, owner)
-        fd, size = await asyncio.to_thread(files.open_for_reading, path)
-        return size, _pieces(fd, size)
-
-    async def write_files(
-        self, session_id: str, files: Sequence[tuple[str, bytes]], owner: str | None = None
-    ) -> None:
-        workdir = await self.files(session_id, owner)
-
-        def write_all() -> None:
-            for path, data in files:
-                workdir.write(path, data)
-
-        await asyncio.to_thread(write_all)
-
-    async def write_stream(
-        self,
-        session_id: str,
-        path: str,
-        chunks: AsyncIterable[bytes],
-        owner: str | None = None,
-    ) -> int:
-        streamed = StreamedFile(await self.files(session_id, owner), normalise(path))
-        await asyncio.to_thread(streamed.open)
-        try:
-            buffer = bytearray()
-            async for chunk in chunks:
-                buffer += chunk
-                if len(buffer) >= STREAM_FLUSH_BYTES:
-                    await asyncio.to_thread(streamed.write, bytes(buffer))
-                    buffer.clear()
-            await asyncio.to_thread(streamed.write, bytes(buffer))
-            await asyncio.to_thread(streamed.finish)
-        finally:
-            await asyncio.to_thread(streamed.discard)
-        return streamed.size
-
     async def close(
         self, session_id: str, owner: str | None = None, reason: str = "closed"
     ) -> None:
@@ -531,36 +399,23 @@ class LiveSessions(SessionManager):
 
     def _remove(self, session: Session, reason: str) -> None:
         del self._sessions[session.id]
-        self.closed_by_reason[reason] += 1
-        kernel = session.kernel
-        if reason in _DIED and kernel is not None and not kernel.settled.is_set():
-            self._in_background(self._tell_end_when_settled(session, reason, kernel))
-        else:
-            self._tell_end(session, reason, kernel)
-        if reason in _EXPIRED:
-            self.ended_seq += 1
-            self._ended.append((self.ended_seq, session.id))
+        self.ends.add(session, reason)
 
-    async def _tell_end_when_settled(
-        self, session: Session, reason: str, kernel: KernelClient
-    ) -> None:
-        """Tell of a session whose sandbox died once its death is explained (an OOM kill is
-        told apart from other deaths after the sandbox's process has exited)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(kernel.settled.wait(), SETTLE_WAIT_S)
-        self._tell_end(session, reason, kernel)
+    @property
+    def closed_by_reason(self) -> Counter[str]:
+        """How many sessions ended, by the manager's word for the end."""
+        return self.ends.by_reason
 
-    def _tell_end(self, session: Session, reason: str, kernel: KernelClient | None) -> None:
-        end_reason = _end_reason(reason, kernel)
-        self.observer.session_closed(reason, end_reason)
-        data = {"end_reason": end_reason, "reason": reason, "cells": session.history.last_number}
-        self._tell("session.closed", session, data)
+    @property
+    def ended_seq(self) -> int:
+        """The number of the last session that ended here on its own."""
+        return self.ends.seq
 
     def ended_since(self, seq: int) -> builtins.list[str]:
         """Sessions that ended here on their own (idle timeout, lifetime) after the
         `ended_seq` seq, oldest first (the last ENDED_KEPT): a cluster's directory forgets
         them, as it forgets those a front end closed."""
-        return [session_id for number, session_id in self._ended if number > seq]
+        return self.ends.since(seq)
 
     async def _close(self, session: Session, reason: str) -> None:
         await self.doors.close(session.id)
@@ -599,7 +454,7 @@ class LiveSessions(SessionManager):
             now = time.monotonic()
             wall = time.time()
             for session in list(self._sessions.values()):
-                idle_s = now - session.last_active
+                idle_s = 0.0 if session.in_use else now - session.last_active
                 if session.dead:
                     self._forget(session, "lost")
                 elif session.state in (SessionState.IDLE, SessionState.PAUSED) and (
@@ -656,31 +511,3 @@ class LiveSessions(SessionManager):
         self, snapshot_id: str, owner: str | None, metadata: dict[str, str] | None = None
     ) -> Session:
         """A new session restored from a snapshot (with its metadata, or metadata)."""
-
-
-async def _pieces(fd: int, size: int) -> AsyncGenerator[bytes, None]:
-    """An open file's first size bytes in pieces (a file still growing is cut at the size
-    it had when opened, as its Content-Length said); the descriptor is closed at the end."""
-    try:
-        left = size
-        while left > 0:
-            piece = await asyncio.to_thread(os.read, fd, min(READ_PIECE_BYTES, left))
-            if not piece:
-                break  # cut short meanwhile: the reader sees fewer bytes than announced
-            left -= len(piece)
-            yield piece
-    finally:
-        os.close(fd)
-
-
-def _end_reason(reason: str, kernel: KernelClient | None) -> str:
-    """A session's typed end reason (operations.md) for the manager's own word for it."""
-    if reason in _DIED:  # its sandbox died
-        died_of = kernel.death_reason if kernel is not None else ""
-        return "oom_killed" if died_of == "memory" else "sandbox_died"
-    return _END_REASONS.get(reason, "closed")
-
-
-# The manager's words for an end that is not a close asked for (closed, deleted, shutdown,
-# a fork's copy that failed, ...: all "closed").
-_END_REASONS = {"idle": "idle_timeout", "lifetime": "lifetime", "broken": "restart_failed"}

@@ -1,8 +1,8 @@
 """The verbs that save a session of one machine: pause, resume, snapshots, forks, restart,
 and paging idle sessions out to make room.
 
-The second layer of `LocalSessionManager` (`sessions.local`), over `sessions.core`'s live
-sessions; the durable form itself (runsc checkpoint and restore of one kernel, the images
+The third layer of `LocalSessionManager` (`sessions.local`), over `sessions.running`'s
+live sessions; the durable form itself (runsc checkpoint and restore of one kernel, the images
 on disk) is `sessions.durable`'s.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,20 +24,22 @@ from cloche.errors import (
     KernelDied,
     RestoreRefused,
     SandboxStartError,
+    SessionError,
     SessionLost,
     SessionMoved,
     SessionNotFound,
     SnapshotNotFound,
     TooManyPausedSessions,
     TooManySessions,
-    UnknownProfile,
 )
-from cloche.sessions.core import LiveSessions
+from cloche.sandbox.layers import System
+from cloche.sessions.computers import ComputerSessions
 from cloche.sessions.doors import egress_record, placeholders_of
-from cloche.sessions.durable import carry_disk
+from cloche.sessions.durable import pack_disk
 from cloche.sessions.history import History
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import new_session_id
+from cloche.sessions.profiles import PYTHON
 from cloche.sessions.session import Session, SessionInfo, SessionState, owner_key
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
@@ -49,7 +52,7 @@ log = logging.getLogger("cloche.session")
 FORK_IMAGE_COMPRESSED = False
 
 
-class DurableSessions(LiveSessions):
+class DurableSessions(ComputerSessions):
     """Live sessions that can also be saved to disk and brought back, copied and forked."""
 
     def _paused_session(self, record: SessionRecord) -> Session:
@@ -70,6 +73,8 @@ class DurableSessions(LiveSessions):
         session.placeholders = placeholders_of(record.egress)
         session.metadata = dict(record.metadata)
         session.cell_timeout_s = record.cell_timeout_s
+        session.template = record.template
+        session.env = dict(record.env)
         session.history = History.load(self.store.session_dir(record.id), self.config.history_cells)
         return session
 
@@ -105,22 +110,32 @@ class DurableSessions(LiveSessions):
     async def restart(self, session_id: str, owner: str | None = None) -> SessionInfo:
         session = self._find(session_id, owner)
         await session.wake()
-        fresh = await (await self._pool(session.profile)).take()
+        pool = await self._pool(session.profile, session.template)
         old: list[KernelClient] = []
+        fresh: list[KernelClient] = []
 
         async def swap(session: Session) -> None:
             kernel = session.detach()
-            if kernel is not None:
-                old.append(kernel)
-                await asyncio.to_thread(carry_disk, kernel.sandbox, fresh.sandbox)
-            session.attach(fresh)
+            if kernel is None:
+                raise KernelDied(f"session {session_id} has no sandbox")
+            old.append(kernel)
+            # A fresh interpreter on the same disk: files, packages and system layer stay.
+            with tempfile.TemporaryDirectory(dir=self.store.root) as scratch:
+                disk = Path(scratch) / "disk.tar"
+                await asyncio.to_thread(pack_disk, kernel.sandbox.disk, disk)
+                await kernel.close(why=f"session {session_id} was restarted")
+                fresh.append(await pool.start_on(disk))
+            session.attach(fresh[0])
             session.execution_count = 0
-            self._equip(session, fresh)
+            if session.env:
+                await self._set_env(fresh[0], session.env)
+            self._equip(session, fresh[0])
 
         try:
             await session.hold(swap, interrupt=True)
         except KernelDied as exc:
-            await fresh.close(why="the session it was for was closed")
+            for kernel in fresh:
+                await kernel.close(why="the session it was for was closed")
             raise SessionNotFound(session_id) from exc
         finally:
             for kernel in old:  # the old interpreter, stopped as a closed session's is
@@ -128,7 +143,7 @@ class DurableSessions(LiveSessions):
         if session.egress is not None:  # a fresh interpreter: its end of the door again
             await self.doors.open(session, session.egress)
         self.store.save(self._record(session, RecordState.LIVE))
-        log.info("session restart id=%s sandbox=%s", session.id, fresh.id)
+        log.info("session restart id=%s sandbox=%s", session.id, fresh[0].id)
         return session.info()
 
     async def pause(self, session_id: str, owner: str | None = None) -> SessionInfo:
@@ -179,6 +194,7 @@ class DurableSessions(LiveSessions):
             self.store.save(self._record(session, RecordState.PAUSED, origin, reason))
             kernel = session.detach()
             assert kernel is not None
+            kernel.processes.lost("the session was paused", suspended=True)
             self._in_background(self._close_kernel(kernel, "paused"))
             self.observer.session_paused(reason, size)
             self._tell("session.paused", session, {"reason": reason, "image_bytes": size})
@@ -208,9 +224,14 @@ class DurableSessions(LiveSessions):
         self._creating += 1
         try:
             record = await asyncio.to_thread(self._session_record, session.id)
-            limits, runtime = await self._setup_of(session.profile)
+            limits, runtime, system = await self._setup_of(session.profile, session.template)
             kernel = await self.checkpoints.restore(
-                home, origin=record.origin, reseed=False, limits=limits, runtime=runtime
+                home,
+                origin=record.origin,
+                reseed=False,
+                limits=limits,
+                runtime=runtime,
+                system=system,
             )
         except RestoreRefused as exc:
             self.observer.resume_failed()
@@ -227,6 +248,7 @@ class DurableSessions(LiveSessions):
         session.attach(kernel)
         if session.egress is not None:
             await self.doors.open(session, session.egress)
+        await self._follow_running(session)
         self.store.save(self._record(session, RecordState.LIVE))
         await asyncio.to_thread(self.checkpoints.discard, home)
         seconds = time.perf_counter() - started
@@ -276,6 +298,8 @@ class DurableSessions(LiveSessions):
                 origin=origin,
                 egress=egress_record(session),
                 metadata=dict(session.metadata),
+                template=session.template,
+                env=dict(session.env),
             )
             self.store.save(record)
             self._snapshots[snapshot_id] = record
@@ -321,26 +345,38 @@ class DurableSessions(LiveSessions):
         await self._room_for(1)
         started = time.perf_counter()
         home = self.store.snapshot_dir(snapshot_id)
-        kernel = await self._restore(home, record.origin, record.profile)
+        kernel = await self._restore(home, record.origin, record.profile, record.template)
         self.observer.snapshot_restored(time.perf_counter() - started)
         history = await asyncio.to_thread(History.load, home, self.config.history_cells)
-        return self._adopt(
+        session = self._adopt(
             kernel,
             record.owner_key,
             record.profile,
             record.execution_count,
             metadata=record.metadata if metadata is None else metadata,
             history=history,
+            template=record.template,
+            env=record.env,
         )
+        await self._follow_running(session)
+        return session
 
-    async def _restore(self, home: Path, origin: str, profile: str) -> KernelClient:
-        """A kernel of profile restored (reseeded) from an image, counted as being created."""
+    async def _restore(
+        self, home: Path, origin: str, profile: str, template: str = PYTHON
+    ) -> KernelClient:
+        """A kernel of profile and template restored (reseeded) from an image, counted as
+        being created."""
         self._creating += 1
         try:
-            limits, runtime = await self._setup_of(profile)
+            limits, runtime, system = await self._setup_of(profile, template)
             async with self._restores:
                 return await self.checkpoints.restore(
-                    home, origin=origin, reseed=True, limits=limits, runtime=runtime
+                    home,
+                    origin=origin,
+                    reseed=True,
+                    limits=limits,
+                    runtime=runtime,
+                    system=system,
                 )
         finally:
             self._creating -= 1
@@ -348,18 +384,22 @@ class DurableSessions(LiveSessions):
     def _origin_of(self, profile: str) -> str:
         return self.checkpoints.origin(self._runtime_of(profile))
 
-    async def _setup_of(self, profile: str) -> tuple[Limits, Path | None]:
-        """The limits and runtime of a profile's sandboxes (one of the file waits for its
-        runtime to be built).
+    async def _setup_of(
+        self, profile: str, template: str = PYTHON
+    ) -> tuple[Limits, Path | None, System | None]:
+        """The limits, runtime and system of a profile's sandboxes of a template (a profile
+        of the file waits for its runtime to be built).
 
         Raises:
-            RestoreRefused: the profile is not served here (any more).
+            RestoreRefused: the profile or the template is not served here (any more).
         """
         try:
-            pool = await self._pool(profile)
-        except (UnknownProfile, SandboxStartError) as exc:
-            raise RestoreRefused(f"the image is of profile {profile!r}: {exc}") from exc
-        return pool.limits, pool.profile.runtime_dir
+            pool = await self._pool(profile, template)
+        except (SessionError, SandboxStartError) as exc:
+            raise RestoreRefused(
+                f"the image is of profile {profile!r} and template {template!r}: {exc}"
+            ) from exc
+        return pool.limits, pool.profile.runtime_dir, pool.profile.system
 
     async def fork(
         self, session_id: str, count: int = 1, owner: str | None = None
@@ -396,7 +436,10 @@ class DurableSessions(LiveSessions):
                 raise SessionNotFound(session_id) from exc
             started = time.perf_counter()
             kernels = await asyncio.gather(
-                *(self._restore(home, origin, session.profile) for _ in range(count)),
+                *(
+                    self._restore(home, origin, session.profile, session.template)
+                    for _ in range(count)
+                ),
                 return_exceptions=True,
             )
             for kernel in kernels:
@@ -410,6 +453,8 @@ class DurableSessions(LiveSessions):
                             metadata=session.metadata,
                             history=session.history,
                             cell_timeout_s=session.cell_timeout_s,
+                            template=session.template,
+                            env=session.env,
                         )
                     )
             failed = [k for k in kernels if isinstance(k, BaseException)]
@@ -419,6 +464,8 @@ class DurableSessions(LiveSessions):
                 for copy in made:
                     copy.placeholders = dict(session.placeholders)
                     await self.doors.open(copy, session.egress)
+            for copy in made:  # each copy's processes go on, its own
+                await self._follow_running(copy)
             self.observer.forked(count, time.perf_counter() - started)
             for copy in made:
                 data = {"from": session.id, "profile": copy.profile, "metadata": copy.metadata}

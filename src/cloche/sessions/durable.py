@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from cloche.config import Limits
 from cloche.errors import CheckpointFailed, RestoreRefused, SandboxStartError, StorageFull
 from cloche.sandbox import archive
-from cloche.sandbox.base import Backend, Sandbox
+from cloche.sandbox.base import Backend
+from cloche.sandbox.layers import SCRATCH_PREFIX, System
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.store import IMAGE, WORKDIR_ARCHIVE, Store
 
@@ -70,7 +69,7 @@ class Checkpoints:
                 if "no space" in why.lower():
                     raise OSError(errno.ENOSPC, why)
                 raise CheckpointFailed(f"session could not be saved: {why}")
-            archive.pack(sandbox.disk, home / WORKDIR_ARCHIVE)
+            pack_disk(sandbox.disk, home / WORKDIR_ARCHIVE)
             return self.store.added(home / IMAGE) + self.store.added(home / WORKDIR_ARCHIVE)
 
         started = time.perf_counter()
@@ -107,8 +106,10 @@ class Checkpoints:
         reseed: bool,
         limits: Limits | None = None,
         runtime: Path | None = None,
+        system: System | None = None,
     ) -> KernelClient:
-        """A started kernel from the image in home, with a profile's limits and runtime.
+        """A started kernel from the image in home, with a profile's limits and runtime,
+        and its template's system.
 
         Raises:
             RestoreRefused: the image was made elsewhere, is damaged, or did not start.
@@ -124,7 +125,7 @@ class Checkpoints:
         limits = limits or self.limits
         for attempt in range(1, RESTORE_TRIES + 1):
             try:
-                return await self._restore_once(home, reseed, limits, runtime)
+                return await self._restore_once(home, reseed, limits, runtime, system)
             except SandboxStartError as exc:
                 if attempt == RESTORE_TRIES:
                     raise RestoreRefused(f"the image could not be restored: {exc}") from exc
@@ -134,10 +135,15 @@ class Checkpoints:
         raise AssertionError("unreachable")
 
     async def _restore_once(
-        self, home: Path, reseed: bool, limits: Limits, runtime: Path | None
+        self,
+        home: Path,
+        reseed: bool,
+        limits: Limits,
+        runtime: Path | None,
+        system: System | None,
     ) -> KernelClient:
         """One try of `restore`. Raises SandboxStartError."""
-        sandbox = self.backend.create(limits)
+        sandbox = self.backend.create(limits, system)
         if runtime is not None:
             sandbox.use_runtime(runtime)
         sandbox.urgent = True
@@ -176,7 +182,7 @@ def unpack_home(data: bytes, home: Path) -> None:
     home.mkdir(mode=0o700)
     try:
         tar.write_bytes(data)
-        archive.unpack(tar, home, os.getuid(), os.getgid())
+        archive.unpack(tar, home)
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)
         raise
@@ -192,11 +198,7 @@ def _across_platforms(origin: str) -> str:
     return re.sub(r" (systrap|ptrace)(?= |$)", "", origin)
 
 
-def carry_disk(old: Sandbox, new: Sandbox) -> None:
-    """A restarted session's files (its working directory, its installed packages) go to
-    its new sandbox (blocking)."""
-    uid, gid = new.file_owner or (os.getuid(), os.getgid())
-    with tempfile.TemporaryDirectory(dir=new.disk.parent) as scratch:
-        tar = Path(scratch) / "disk.tar"
-        archive.pack(old.disk, tar)
-        archive.unpack(tar, new.disk, uid, gid)
+def pack_disk(disk: Path, tar: Path) -> int:
+    """Save a sandbox's disk (its home, packages and layers; not the overlays' scratch)
+    into tar (blocking); its size."""
+    return archive.pack(disk, tar, leave_out=lambda name: name.startswith(SCRATCH_PREFIX))

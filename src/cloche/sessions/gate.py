@@ -15,7 +15,7 @@ that it takes what the short cells leave.
 The gate also knows the crowd: sessions whose long cells were seen using the CPU, or
 behind the host's processes (`note_long`). More of them than cores (fifty downloads) are
 `crowded`: then none of them is put behind the host's processes, where sandboxes get only
-the CPU left over, unevenly (sessions/session.py `cpu_move`).
+the CPU left over, unevenly (sessions/cpu.py `cpu_move`).
 """
 
 from __future__ import annotations

@@ -46,6 +46,8 @@ class CellEntry:
     files_changed: list[str] = field(default_factory=list)
     front_end: str = ""  # http, tcp, mcp, jupyter, ui, ...
     message: str | None = None  # what cloche said about it (a limit, a lost sandbox)
+    kind: str = "cell"  # cell, command (a process: `code` is its command line), terminal
+    exit_code: int | None = None  # a command's, when it exited on its own
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,8 +78,8 @@ def entry_of(
         started_at=started_at,
         ended_at=ended_at,
         duration_s=round(ended_at - started_at, 6),
-        stdout=_cut(result.stdout, output_bytes),
-        stderr=_cut(result.stderr, output_bytes),
+        stdout=cut(result.stdout, output_bytes),
+        stderr=cut(result.stderr, output_bytes),
         result=_bundle(result.result["data"]) if result.result else None,
         displays=[_bundle(display) for display in result.displays],
         error=result.error,
@@ -155,7 +157,8 @@ class History:
         return history
 
 
-def _cut(text: str, limit: int) -> str:
+def cut(text: str, limit: int) -> str:
+    """text within limit bytes (UTF-8), with a marker saying how much was not kept."""
     data = text.encode()
     if len(data) <= limit:
         return text

@@ -1,21 +1,19 @@
 """The host's side of one kernel's channel: send cells, collect what they produce.
 
 Whatever the kernel sends is untrusted: the kernel shares its process with the user's
-code, which can write anything to the channel. Every message is validated and bounded
-here; a kernel that breaks the protocol loses its sandbox, and only its own.
+code, which can write anything to the channel. Every message is validated (`messages.py`)
+and bounded (the cell's in `inflight.py`); a kernel that breaks the protocol loses its
+sandbox, and only its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import signal
 import subprocess
 from collections.abc import Callable
-from itertools import groupby
-from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, Limits
 from cloche.errors import (
@@ -26,6 +24,10 @@ from cloche.errors import (
 )
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
 from cloche.sandbox.base import ExitStep, Sandbox
+from cloche.sessions.hookups import LLMRequests
+from cloche.sessions.inflight import Cell, Stage
+from cloche.sessions.messages import parse_input_request
+from cloche.sessions.processes import ProcessTable
 from cloche.sessions.result import CellResult, CellStatus
 
 if TYPE_CHECKING:
@@ -36,33 +38,6 @@ log = logging.getLogger("cloche.kernel")
 EventCallback = Callable[[dict[str, Any]], None]
 
 
-class LLMRequests(Protocol):
-    """The host's side of one kernel's `llm_query` requests (`cloche.llm.bridge`)."""
-
-    def request(self, cell: object, message: dict[str, Any]) -> None:
-        """A request of the running cell: answer it when the model has."""
-
-    def stop(self, cell: object, why: str, *, interrupted: bool = False) -> None:
-        """The cell is stopping: answer its requests in flight with why."""
-
-    def end(self, cell: object) -> None:
-        """The cell ended: forget its requests."""
-
-
-class LLMHookup(Protocol):
-    """What a manager is handed to give its sessions `llm_query`: the broker, on the
-    server's side of the wall (`cloche.llm.bridge.SessionsLLM`). Sessions never import
-    the language-model layer: it sits above them (its RLM loop runs cells)."""
-
-    setup_code: str  # silent code every new sandbox runs: switches llm_query on
-
-    def for_kernel(self, session_id: str, kernel: KernelClient) -> LLMRequests:
-        """The answerer of one session's kernel, spending that session's budget."""
-
-
-# Output a kernel may send beyond a cell's limit before it counts as a flood (its own
-# kernel caps output, so only a hostile one gets near this).
-_FLOOD_FACTOR = 4
 _BETWEEN_CELLS_BUDGET = 64 * MIB
 # Run silently in a kernel restored from a checkpoint, before anyone uses it: every clone of
 # one image would otherwise draw the same "random" numbers. (The str hash seed is fixed at
@@ -73,40 +48,6 @@ AFTER_RESTORE = (
     "if 'numpy' in sys.modules:\n"
     "    sys.modules['numpy'].random.seed()\n"
 )
-
-
-_INPUT_KEYS = frozenset({"op", "id", "prompt", "password"})
-
-
-class _Stage(enum.Enum):
-    RUNNING = "running"
-    INTERRUPTING = "interrupting"  # SIGINT sent; waiting for the grace period
-    KILLING = "killing"  # grace is over; the sandbox is being killed
-
-
-class _Cell:
-    """The cell in flight and what has arrived for it."""
-
-    def __init__(
-        self,
-        timeout_s: float,
-        limit_chars: int,
-        on_event: EventCallback | None,
-        stdin: bool = False,
-    ) -> None:
-        self.timeout_s = timeout_s
-        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.result = CellResult()
-        self.limit_chars = limit_chars
-        self.kept_chars = 0
-        self.received_chars = 0
-        self.on_event = on_event
-        self.stage = _Stage.RUNNING
-        self.reason: CellStatus | None = None  # TIMEOUT or INTERRUPTED once signalled
-        self.timer: asyncio.TimerHandle | None = None
-        self.held_s: float | None = None  # time left on its clock while it waits for an LLM
-        self.stdin = stdin  # its client answers input() (on_event gets "input_request")
-        self.asking: int | None = None  # the id of the kernel's input request awaiting a value
 
 
 class _ChannelProtocol(asyncio.Protocol):
@@ -142,7 +83,7 @@ class KernelClient:
         self._ready: asyncio.Future[None] | None = None
         self._writer: asyncio.WriteTransport | None = None
         self._reader: asyncio.ReadTransport | None = None
-        self._cell: _Cell | None = None
+        self._cell: Cell | None = None
         self._closed: asyncio.Future[None] | None = None
         self._between_cells_chars = 0
         self._exit_step: ExitStep | None = None
@@ -152,6 +93,8 @@ class KernelClient:
         # session must not draw the same ones); a paused session resumed goes on exactly.
         self.reseed = True
         self.pip: KernelPip | None = None  # answers the cells' `%pip install`
+        # The sandbox's commands and terminals, beside the cells (`kernel.procd`).
+        self.processes = ProcessTable(self.send)
 
     @property
     def id(self) -> str:
@@ -233,7 +176,7 @@ class KernelClient:
         assert self._cell is None, "one cell at a time: the session serialises cells"
         self.sandbox.thaw()  # if the session sat idle long enough to be frozen
         limit = output_limit if output_limit is not None else self.limits.output_bytes
-        cell = _Cell(timeout_s, limit, on_event, stdin and on_event is not None)
+        cell = Cell(timeout_s, limit, on_event, stdin and on_event is not None)
         loop = asyncio.get_running_loop()
         cell.timer = loop.call_later(timeout_s, self._on_deadline, cell)
         self._cell = cell
@@ -271,12 +214,12 @@ class KernelClient:
     @property
     def stopping(self) -> bool:
         """Whether the cell in flight has been told to stop (a timeout or an interrupt)."""
-        return self._cell is not None and self._cell.stage is not _Stage.RUNNING
+        return self._cell is not None and self._cell.stage is not Stage.RUNNING
 
     def interrupt(self) -> bool:
         """Interrupt the running cell, if any (escalating to a kill after the grace)."""
         cell = self._cell
-        if cell is None or cell.stage is not _Stage.RUNNING:
+        if cell is None or cell.stage is not Stage.RUNNING:
             return False
         self._signal(cell, CellStatus.INTERRUPTED)
         return True
@@ -284,19 +227,19 @@ class KernelClient:
     def answer_input(self, value: str) -> bool:
         """Give the running cell's input() its value; False if no input() is waiting."""
         cell = self._cell
-        if cell is None or cell.asking is None or cell.stage is not _Stage.RUNNING:
+        if cell is None or cell.asking is None or cell.stage is not Stage.RUNNING:
             return False
         self.send({"op": "input_reply", "id": cell.asking, "value": value})
         cell.asking = None
         return True
 
-    def _on_deadline(self, cell: _Cell) -> None:
+    def _on_deadline(self, cell: Cell) -> None:
         if cell.future.done():
             return
-        if cell.stage is _Stage.RUNNING:
+        if cell.stage is Stage.RUNNING:
             self._signal(cell, CellStatus.TIMEOUT)
-        elif cell.stage is _Stage.INTERRUPTING:
-            cell.stage = _Stage.KILLING
+        elif cell.stage is Stage.INTERRUPTING:
+            cell.stage = Stage.KILLING
             grace = self.limits.interrupt_grace_s
             why = (
                 f"the cell exceeded its time limit of {cell.timeout_s:g} s (--cell-timeout)"
@@ -307,8 +250,8 @@ class KernelClient:
                 self.death_reason = "killed"
             self._kill(f"{why} and did not stop within {grace:g} s of the interrupt")
 
-    def _signal(self, cell: _Cell, reason: CellStatus) -> None:
-        cell.stage = _Stage.INTERRUPTING
+    def _signal(self, cell: Cell, reason: CellStatus) -> None:
+        cell.stage = Stage.INTERRUPTING
         cell.reason = reason
         if cell.timer is not None:
             cell.timer.cancel()
@@ -341,9 +284,9 @@ class KernelClient:
         loop.run_in_executor(None, self.sandbox.kill)
         loop.call_later(10.0, self._lost)  # in case the channel never closes
 
-    def hold_deadline(self, cell: _Cell, held: bool) -> None:
+    def hold_deadline(self, cell: Cell, held: bool) -> None:
         """Stop the cell's clock while it waits for an LLM's answer, or restart it."""
-        if cell.future.done() or cell.stage is not _Stage.RUNNING or cell.timer is None:
+        if cell.future.done() or cell.stage is not Stage.RUNNING or cell.timer is None:
             return
         loop = asyncio.get_running_loop()
         if held and cell.held_s is None:
@@ -366,14 +309,11 @@ class KernelClient:
         if op == "stream":
             self._on_stream(cell, message)
         elif op == "display":
-            if cell is not None and cell.stage is not _Stage.KILLING:
-                data = _mime_bundle(message.get("data"))
-                cell.result.displays.append(data)
-                self._emit(cell, {"type": "display", "data": data})
+            if cell is not None:
+                cell.display(message.get("data"))
         elif op == "page":
-            text = message.get("text")
-            if cell is not None and cell.stage is not _Stage.KILLING and isinstance(text, str):
-                self._emit(cell, {"type": "page", "text": text[: cell.limit_chars]})
+            if cell is not None:
+                cell.page(message.get("text"))
         elif op == "done":
             if cell is None:
                 raise InvalidMessage("end of a cell that was never sent")
@@ -391,6 +331,8 @@ class KernelClient:
                 self.pip.request(cell, message)
         elif op == "input":
             self._on_input(cell, message)
+        elif isinstance(op, str) and op.startswith("proc."):
+            self.processes.on_message(message)
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")
@@ -398,27 +340,15 @@ class KernelClient:
         else:
             raise InvalidMessage(f"unknown message {str(op)[:40]!r}")
 
-    def _on_input(self, cell: _Cell | None, message: dict[str, Any]) -> None:
-        request_id, prompt = message.get("id"), message.get("prompt")
-        if cell is None or not _INPUT_KEYS.issuperset(message):
+    def _on_input(self, cell: Cell | None, message: dict[str, Any]) -> None:
+        if cell is None:
             raise InvalidMessage("an input request outside a cell, or with unknown fields")
-        if type(request_id) is not int or not isinstance(prompt, str) or len(prompt) > 1 << 16:
-            raise InvalidMessage("malformed input request")
-        if not cell.stdin or cell.asking is not None or cell.stage is not _Stage.RUNNING:
+        request_id, prompt, password = parse_input_request(message)
+        if not cell.ask(request_id, prompt, password):
             why = "no client answers prompts for this cell, or one is already waiting"
             self.send({"op": "input_reply", "id": request_id, "error": why})
-            return
-        cell.asking = request_id
-        self._emit(
-            cell,
-            {
-                "type": "input_request",
-                "prompt": prompt,
-                "password": message.get("password") is True,
-            },
-        )
 
-    def _on_stream(self, cell: _Cell | None, message: dict[str, Any]) -> None:
+    def _on_stream(self, cell: Cell | None, message: dict[str, Any]) -> None:
         name, text = message.get("name"), message.get("text")
         if name not in ("stdout", "stderr") or not isinstance(text, str):
             raise InvalidMessage("malformed stream message")
@@ -428,59 +358,15 @@ class KernelClient:
             if self._between_cells_chars > _BETWEEN_CELLS_BUDGET:
                 raise InvalidMessage("output flood between cells")
             return
-        cell.received_chars += len(text)
-        if cell.received_chars > cell.limit_chars * _FLOOD_FACTOR + MIB:
-            raise InvalidMessage(f"output flood ({cell.received_chars} characters in one cell)")
-        room = cell.limit_chars - cell.kept_chars
-        if len(text) > room:
-            cell.result.dropped_bytes += len(text) - max(room, 0)
-            text = text[: max(room, 0)]
-        if not text:
-            return
-        cell.kept_chars += len(text)
-        cell.result.streams.append((name, text))  # runs of one stream joined at the end
-        self._emit(cell, {"type": name, "text": text})
+        cell.stream(name, text)
 
-    def _on_done(self, cell: _Cell, message: dict[str, Any]) -> None:
-        result = cell.result
-        result.streams = _joined(result.streams)
-        status = message.get("status")
-        if status not in ("ok", "error"):
-            raise InvalidMessage("malformed end of cell")
-        result.error = _error(message.get("error")) if status == "error" else None
-        result.result = _result(message.get("result")) if status == "ok" else None
-        result.execution_count = _number(message.get("execution_count"), int)
-        result.duration_ms = _number(message.get("duration_ms"), float)
-        result.dropped_bytes += _number(message.get("dropped_bytes"), int)
-        result.status = CellStatus.ERROR if status == "error" else CellStatus.OK
-        if result.error is not None:
-            ename = result.error["ename"]
-            if ename == "KeyboardInterrupt" and cell.reason is not None:
-                result.status = cell.reason
-                result.message = _interrupt_message(cell.reason, cell.timeout_s)
-            elif ename == "MemoryError":
-                result.message = (
-                    f"MemoryError: the cell hit the memory limit of {self.limits.memory_mib} MiB "
-                    "(--memory-mib); the session survived"
-                )
+    def _on_done(self, cell: Cell, message: dict[str, Any]) -> None:
+        cell.end(message, self.limits.memory_mib)
         if not self.alive and self.death is not None:  # ended by `close`: the session is gone
-            result.status, result.error, result.result = CellStatus.KILLED, None, None
-            result.message = f"{self.death}; the session is gone"
-            result.killed_by = self.death_reason
-        if result.dropped_bytes:
-            result.message = _join(
-                result.message,
-                f"output truncated: {result.dropped_bytes} bytes beyond the limit of "
-                f"{cell.limit_chars} bytes per cell were dropped (--output-limit)",
-            )
+            cell.result.error = cell.result.result = None
+            cell.gone(self.death, self.death_reason)
+        cell.tell_truncation()
         cell.future.set_result(None)
-
-    def _emit(self, cell: _Cell, event: dict[str, Any]) -> None:
-        if cell.on_event is not None:
-            try:
-                cell.on_event(event)
-            except Exception:  # a front end's listener must not break the channel
-                log.exception("event listener failed")
 
     def _violation(self, why: str) -> None:
         if self.death is None:
@@ -531,12 +417,10 @@ class KernelClient:
             self.death = "the sandbox exited unexpectedly"
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(KernelDied(self.death))
+        self.processes.lost(self.death)
         cell = self._cell
         if cell is not None and not cell.future.done():
-            cell.result.streams = _joined(cell.result.streams)
-            cell.result.status = CellStatus.KILLED
-            cell.result.message = f"{self.death}; the session is gone"
-            cell.result.killed_by = self.death_reason
+            cell.gone(self.death, self.death_reason)
             cell.future.set_result(None)
         if self._reader is not None:
             self._reader.close()
@@ -557,7 +441,7 @@ class KernelClient:
             # A kernel busy in a cell (asleep, say) reads no EOF: interrupt the cell and wait
             # for its end first. The interrupt's own ladder bounds the wait (kill after
             # interrupt_grace_s, channel given up 10 s later), so it never hangs.
-            if cell.stage is _Stage.RUNNING:
+            if cell.stage is Stage.RUNNING:
                 self._signal(cell, CellStatus.INTERRUPTED)
             await asyncio.shield(cell.future)
         if self._writer is not None:
@@ -572,66 +456,3 @@ class KernelClient:
                 step = ExitStep.CLOSED  # it read the EOF and was gone before the ladder looked
             self._exit_step = step
         return self._exit_step
-
-
-def _joined(streams: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Runs of one stream's chunks as one text each, in one pass at the end of the cell
-    (appending each chunk to one string copied it whole every time: quadratic in the
-    number of chunks, on the event loop)."""
-    return [
-        (name, "".join(text for _, text in run)) for name, run in groupby(streams, itemgetter(0))
-    ]
-
-
-def _join(first: str | None, second: str) -> str:
-    return f"{first}; {second}" if first else second
-
-
-def _interrupt_message(reason: CellStatus, timeout_s: float) -> str:
-    if reason is CellStatus.TIMEOUT:
-        return (
-            f"the cell exceeded its time limit of {timeout_s:g} s (--cell-timeout) "
-            "and was interrupted; the session survived"
-        )
-    return "the cell was interrupted; the session survived"
-
-
-def _number(value: Any, kind: type[int] | type[float]) -> Any:
-    if value is None:
-        return kind(0)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidMessage("malformed number")
-    return kind(value)
-
-
-def _mime_bundle(data: Any) -> dict[str, Any]:
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
-        raise InvalidMessage("malformed MIME bundle")
-    if not isinstance(data.get("text/plain", ""), str):
-        raise InvalidMessage("malformed text/plain")
-    return data
-
-
-def _result(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) - {"data", "json"}:
-        raise InvalidMessage("malformed result")
-    result = {"data": _mime_bundle(value.get("data"))}
-    if "json" in value:
-        result["json"] = value["json"]
-    return result
-
-
-def _error(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidMessage("malformed error")
-    ename, evalue, tb = value.get("ename"), value.get("evalue"), value.get("traceback")
-    if not (
-        isinstance(ename, str)
-        and isinstance(evalue, str)
-        and isinstance(tb, list)
-        and all(isinstance(line, str) for line in tb)
-    ):
-        raise InvalidMessage("malformed error")
-    return {"ename": ename, "evalue": evalue, "traceback": tb}

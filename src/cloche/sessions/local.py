@@ -2,8 +2,9 @@
 server left in the data directory to pausing every live session at shutdown (or, on a
 cluster node declared dead, abandoning them all).
 
-Its verbs come in layers, one module each: live sessions (`sessions.core`), saving them
-(`sessions.durability`), moving them to other nodes (`sessions.moving`).
+Its verbs come in layers, one module each: live sessions (`sessions.core`), what they do
+(`sessions.running`), saving them (`sessions.durability`), moving them to other nodes
+(`sessions.moving`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from cloche.errors import (
     ClocheError,
 )
 from cloche.sandbox.images import TemplateInfo, TemplateSource
+from cloche.sandbox.layers import System
 from cloche.sessions.moving import MovableSessions
 from cloche.sessions.session import Session
 from cloche.sessions.store import RecordState, SessionRecord
-from cloche.sessions.templates import BUILT_IN, Templates
+from cloche.sessions.templates import Templates
 
 log = logging.getLogger("cloche.session")
 
@@ -42,9 +44,8 @@ class LocalSessionManager(MovableSessions):
         )
 
     def uses_template(self, name: str) -> bool:
-        """Whether a live or paused session was made from the template (`Session.template`;
-        sessions without one are the built-in's)."""
-        return any(getattr(s, "template", BUILT_IN) == name for s in self._sessions.values())
+        """Whether a live or paused session was made from the template."""
+        return any(s.template == name for s in self._sessions.values())
 
     async def templates(self) -> builtins.list[TemplateInfo]:
         return self.template_catalog.list()
@@ -61,7 +62,15 @@ class LocalSessionManager(MovableSessions):
         return await self.template_catalog.build(name, source, upload)
 
     async def delete_template(self, name: str) -> None:
+        self.template_catalog.check_deletable(name)
+        await self.profile_pools.drop_template(name)  # its warm sandboxes sit on its rootfs
         await self.template_catalog.delete(name)
+
+    def _system_of(self, template: str) -> System:
+        """A template of this machine's catalogue (unless the manager was given others)."""
+        if self.template_systems is not None:
+            return super()._system_of(template)
+        return self.template_catalog.system(template)
 
     async def start(self) -> None:
         await asyncio.to_thread(self.backend.prepare)
@@ -202,6 +211,7 @@ class LocalSessionManager(MovableSessions):
     async def _free(self) -> None:
         """Once every session is paused or closed: their doors, the sandboxes' state."""
         await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.command_runs.stop()
         await self.doors.close_all()
         await asyncio.to_thread(self.backend.shutdown)
         self.store.close()

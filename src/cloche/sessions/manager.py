@@ -2,9 +2,10 @@
 
 `SessionManager` is abstract so that sessions can live elsewhere (restored from
 checkpoints, spread over machines). The manager of one machine is built in layers, one
-module each: `sessions.core` (live sessions: create, find, run, files, close, expire),
-`sessions.durability` (pause, resume, snapshots, forks, restart), `sessions.moving` (the
-verbs a cluster moves sessions with) and `sessions.local` (`LocalSessionManager`: its
+module each: `sessions.core` (live sessions: create, find, close, expire),
+`sessions.running` (cells, history, packages, files), `sessions.durability` (pause,
+resume, snapshots, forks, restart), `sessions.moving` (the verbs a cluster moves sessions
+with) and `sessions.local` (`LocalSessionManager`: its
 life, from taking over a data directory to shutdown). The cluster's is
 `cloche.cluster.manager`.
 """
@@ -14,11 +15,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
+import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
 from typing import Any
 
 from cloche.errors import (
+    InvalidEnvironment,
     InvalidMetadata,
     NodeNotFound,
     NotSupported,
@@ -27,6 +30,7 @@ from cloche.errors import (
 )
 from cloche.sandbox.files import FileListing
 from cloche.sandbox.images import TemplateInfo, TemplateSource
+from cloche.sessions.commands import ProcessVerbs
 from cloche.sessions.doors import EgressAsk
 from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
@@ -41,6 +45,7 @@ InstalledPackages = list[dict[str, str]]  # [{"name", "version"}]
 READ_PIECE_BYTES = 1 << 20  # a file is read for a download in pieces of this size at most
 METADATA_MAX_PAIRS = 32
 METADATA_MAX_BYTES = 4096  # keys and values together, UTF-8
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATES_HERE_ONLY = (
     "templates are built per machine and not yet offered over a cluster (--cluster); "
     "build and use them on a server without --cluster"
@@ -88,6 +93,36 @@ def check_metadata(
     return merged
 
 
+ENV_MAX_PAIRS = 256
+ENV_MAX_BYTES = 128 * 1024  # names and values together, UTF-8
+
+
+def check_env(env: Mapping[str, Any]) -> dict[str, str]:
+    """Environment variables for a session, checked: names of letters, digits and _ (not
+    starting with a digit), string values without NUL, within ENV_MAX_PAIRS and
+    ENV_MAX_BYTES.
+
+    Raises:
+        InvalidEnvironment: they are not.
+    """
+    if not isinstance(env, Mapping):
+        raise InvalidEnvironment("env is an object of variable names and string values")
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise InvalidEnvironment(
+                f"env {name!r}: a variable's name is letters, digits and _, not starting "
+                "with a digit"
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidEnvironment(f"env {name!r}: its value must be a string without NUL")
+    if len(env) > ENV_MAX_PAIRS:
+        raise InvalidEnvironment(f"env has {len(env)} variables; at most {ENV_MAX_PAIRS}")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in env.items())
+    if size > ENV_MAX_BYTES:
+        raise InvalidEnvironment(f"env holds {size} bytes; at most {ENV_MAX_BYTES}")
+    return dict(env)
+
+
 def matches(
     info: SessionInfo,
     state: str | None = None,
@@ -102,7 +137,7 @@ def matches(
     return all(info.metadata.get(k) == v for k, v in (metadata or {}).items())
 
 
-class SessionManager(abc.ABC):
+class SessionManager(ProcessVerbs, abc.ABC):
     """Creates, finds, runs, expires and closes sessions."""
 
     @abc.abstractmethod
@@ -114,16 +149,22 @@ class SessionManager(abc.ABC):
         egress: EgressAsk = None,
         metadata: Mapping[str, str] | None = None,
         cell_timeout_s: float | None = None,
+        template: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> SessionInfo:
-        """A new session of a profile (`lean` or `data`), from its warm pool when it can;
+        """A new session of a profile (`lean` or `data`) and template (`python` unless
+        named: a template's sessions are lean), from its warm pool when it can;
         or, given a snapshot id, a new session restored from that snapshot. `egress` asks
         for a policy of the server's (a name, or {policy, allow} to narrow one); nothing
         asked gets the server's `default` policy, if it has one. `metadata` labels it
         (string keys and values, `check_metadata`'s limits). `cell_timeout_s` is the time
         limit of its cells that ask for none (capped by --cell-timeout), kept with it.
+        `env` is set in its kernel's environment and given to its commands.
 
         Raises:
             InvalidMetadata: metadata of the wrong shape or too large.
+            InvalidEnvironment: env of the wrong shape or too large.
+            TemplateNotFound, TemplateNotReady, TemplateFailed: the template can't serve.
             EgressRefused: an unknown policy, a rule wider than it, or no egress here.
             UnknownProfile: no profile of that name.
             TooManySessions: the server is at --max-sessions.

@@ -1,7 +1,7 @@
 """The verbs a cluster moves sessions between nodes with: export a paused session's record
 and image, adopt them on another node, and release the first.
 
-The third layer of `LocalSessionManager` (`sessions.local`); the cluster's agent calls
+The fourth layer of `LocalSessionManager` (`sessions.local`); the cluster's agent calls
 them (`cloche.cluster.agent`).
 """
 

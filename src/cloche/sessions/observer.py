@@ -53,6 +53,9 @@ class Observer:
 
     # -- durability -----------------------------------------------------------------------
 
+    def command_finished(self, end_reason: str, seconds: float) -> None:
+        """A command or terminal of a session ended (end_reason: CommandResult's)."""
+
     def session_paused(self, reason: str, image_bytes: int) -> None:
         """A session was saved to disk (reason: request, idle, room, shutdown)."""
 

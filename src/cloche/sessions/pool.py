@@ -19,6 +19,7 @@ from pathlib import Path
 from cloche.config import Limits
 from cloche.errors import SandboxStartError
 from cloche.sandbox.base import Backend, ExitStep
+from cloche.sessions.durable import pack_disk
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.profiles import Profile
 from cloche.sessions.result import CellStatus
@@ -69,9 +70,9 @@ class WarmPool:
         self._added = asyncio.Event()  # set when a kernel joins the pool
         self._refill_task: asyncio.Task[None] | None = None
         self._refill_timer: asyncio.TimerHandle | None = None
-        self._template_lock = asyncio.Lock()
+        self._image_lock = asyncio.Lock()
         self._image: Path | None = None  # the profile's checkpoint, once made
-        self._no_template = False  # the backend can't checkpoint, or restoring failed
+        self._no_image = False  # the backend can't checkpoint, or restoring failed
         self._closed = False
         self._shrinking: set[asyncio.Task[ExitStep]] = set()
         # Starts for waiting sessions in flight: refills hold back until they are done (on
@@ -162,7 +163,7 @@ class WarmPool:
     async def _start_with_retries(self, *, urgent: bool = False) -> KernelClient:
         error: Exception | None = None
         for attempt in range(1, START_ATTEMPTS + 1):
-            image = await self._template() if self.profile.template else None
+            image = await self._checkpoint_image() if self.profile.restored else None
             started = time.perf_counter()
             try:
                 kernel = await self._start(urgent, image)
@@ -173,7 +174,7 @@ class WarmPool:
                         self.profile.name,
                         exc,
                     )
-                    self._image, self._no_template = None, True
+                    self._image, self._no_image = None, True
                 self.start_failures += 1
                 self.last_start_ok = False
                 self.on_start(self.profile.name, time.perf_counter() - started, False)
@@ -197,17 +198,32 @@ class WarmPool:
             f"no sandbox could be started after {START_ATTEMPTS} attempts: {error}"
         ) from error
 
-    async def _start(self, urgent: bool, image: Path | None = None) -> KernelClient:
-        """A started kernel of the profile: restored from image, or started and preloaded.
+    async def start_on(self, disk: Path) -> KernelClient:
+        """A kernel of the profile started afresh, at once (not from the pool), on a saved
+        disk (a restarted session's files, packages and system layer).
 
         Raises:
             SandboxStartError: it did not start.
         """
-        sandbox = self.backend.create(self.limits)
+        return await self._start(True, seed=disk)
+
+    async def _start(
+        self, urgent: bool, image: Path | None = None, seed: Path | None = None
+    ) -> KernelClient:
+        """A started kernel of the profile: restored from image, or started and preloaded
+        (on the disk saved in seed, if given).
+
+        Raises:
+            SandboxStartError: it did not start.
+        """
+        sandbox = self.backend.create(self.limits, self.profile.system)
         if self.profile.runtime_dir is not None:  # a profile from --profiles: its own runtime
             sandbox.use_runtime(self.profile.runtime_dir)
         sandbox.urgent = urgent
         sandbox.restore_from = image
+        sandbox.seed = seed
+        if image is not None:  # what its disk held (its layer: caches written while loading)
+            sandbox.seed = image.with_name(f"{image.name}.disk.tar")
         kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)
         try:
             await kernel.start()
@@ -218,11 +234,11 @@ class WarmPool:
             raise
         return kernel
 
-    async def _template(self) -> Path | None:
+    async def _checkpoint_image(self) -> Path | None:
         """The checkpoint image the pool restores, made by the first call; None when the
         backend can't checkpoint (starting afresh then)."""
-        async with self._template_lock:
-            if self._image is not None or self._no_template:
+        async with self._image_lock:
+            if self._image is not None or self._no_image:
                 return self._image
             image = self.backend.state.path / "templates" / self.profile.name
             started = time.perf_counter()
@@ -230,7 +246,7 @@ class WarmPool:
                 kernel = await self._start(urgent=True)
             except SandboxStartError as exc:
                 log.warning("no %s template (%s): starting afresh", self.profile.name, exc)
-                self._no_template = True
+                self._no_image = True
                 return None
             saving = time.perf_counter()
             try:
@@ -238,11 +254,15 @@ class WarmPool:
                 why = await asyncio.to_thread(
                     functools.partial(kernel.sandbox.checkpoint, image, compressed=False)
                 )
+                if why is None:
+                    await asyncio.to_thread(
+                        pack_disk, kernel.sandbox.disk, image.with_name(f"{image.name}.disk.tar")
+                    )
             finally:
                 await kernel.close(why="checkpointed as the template")
             if why is not None:
                 log.warning("no %s template (%s): starting afresh", self.profile.name, why)
-                self._no_template = True
+                self._no_image = True
                 return None
             log.info(
                 "template made profile=%s start_ms=%.1f checkpoint_ms=%.1f",

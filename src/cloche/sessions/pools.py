@@ -4,6 +4,7 @@ of --profiles once its runtime is built (a session asked of one still building w
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ from cloche.errors import SandboxStartError, UnknownProfile
 from cloche.packages.installer import Installer
 from cloche.packages.profiles import ProfileCatalog, ProfileStatus, describe, file_profiles
 from cloche.sandbox.base import Backend
+from cloche.sandbox.layers import System
 from cloche.sessions.observer import Observer
 from cloche.sessions.pool import WarmPool
-from cloche.sessions.profiles import DATA, LEAN, Profile, get_profile
+from cloche.sessions.profiles import DATA, LEAN, PYTHON, Profile, get_profile
 
 PROFILE_WAIT_S = 30.0  # a new session of a profile still building waits this long, then 503
 
@@ -31,8 +33,12 @@ class ProfilePools:
         observer: Observer,
         installer: Installer,
         llm_setup: str,
+        systems: Callable[[str], System] | None = None,
     ) -> None:
         self.config = config
+        # The system of a template by name (raises for one that can't serve); None: the
+        # server has the template python alone.
+        self.systems = systems
         self.backend = backend
         self.observer = observer
         self._llm_setup = llm_setup
@@ -44,7 +50,7 @@ class ProfilePools:
                 replace(
                     profile,
                     preload=profile.preload + llm_setup,
-                    template=profile.template and config.data_template,
+                    restored=profile.restored and config.data_template,
                 ),
                 size=size,
                 max_frame_bytes=config.max_frame_bytes,
@@ -90,13 +96,18 @@ class ProfilePools:
         if name in self.by_name:
             await self.by_name[name].wait_full(timeout_s)
 
-    async def get(self, name: str) -> WarmPool:
-        """The pool of a profile; one of the file waits while it builds (up to a limit).
+    async def get(self, name: str, template: str = PYTHON) -> WarmPool:
+        """The pool of a profile and template; a profile of the file waits while it builds
+        (up to a limit); a template's pool is made at its first session.
 
         Raises:
-            UnknownProfile: no such profile, or one whose build failed.
+            UnknownProfile: no such profile, or one whose build failed, or a template with a
+                profile other than lean.
+            TemplateNotFound, TemplateNotReady, TemplateFailed: the template can't serve.
             SandboxStartError: it is still building after PROFILE_WAIT_S.
         """
+        if template != PYTHON:
+            return self._template_pool(name, template)
         if name in self.by_name:
             return self.by_name[name]
         status = None
@@ -111,6 +122,44 @@ class ProfilePools:
         if status is not None and name not in self.by_name:
             raise UnknownProfile(status.error or f"profile {name!r} can't serve")
         return self.by_name.get(name) or self.by_name[get_profile(name).name]
+
+    def _template_pool(self, name: str, template: str) -> WarmPool:
+        if name != LEAN.name:
+            raise UnknownProfile(
+                f"profile {name!r} runs on the template python; a session of template "
+                f"{template!r} is of profile lean"
+            )
+        if self.systems is None:
+            raise UnknownProfile(f"no template {template!r} here: this server has python alone")
+        system = self.systems(template)
+        key = f"{name}@{template}"
+        pool = self.by_name.get(key)
+        if pool is not None and pool.profile.system == system:
+            return pool
+        if pool is not None:  # the template was built again: its old sandboxes go
+            self.by_name.pop(key)
+            asyncio.ensure_future(pool.close())
+        profile = Profile(key, preload=self._llm_setup, system=system)
+        pool = WarmPool(
+            self.backend,
+            self.config.limits,
+            profile,
+            size=self.config.pool_size,
+            max_frame_bytes=self.config.max_frame_bytes,
+            start_concurrency=self.config.start_concurrency,
+            max_size=self.config.pool_max,
+        )
+        pool.on_start = self._started
+        self.by_name[key] = pool
+        if not self._stopped:
+            pool.start()
+        return pool
+
+    async def drop_template(self, template: str) -> None:
+        """Close the pool of a template (deleted)."""
+        pool = self.by_name.pop(f"{LEAN.name}@{template}", None)
+        if pool is not None:
+            await pool.close()
 
     def describe(self) -> list[dict[str, Any]]:
         """Every profile with its state and packages (blocking: reads runtimes' listings)."""

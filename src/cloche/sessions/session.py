@@ -16,6 +16,7 @@ from cloche.config import MIB
 from cloche.errors import KernelDied, SessionBusy
 from cloche.sandbox.base import ExitStep
 from cloche.sandbox.files import Snapshot, WorkdirFiles, changed
+from cloche.sessions.cpu import CpuPlacement
 from cloche.sessions.gate import CellGate
 from cloche.sessions.history import DEFAULT_HISTORY_CELLS, History
 from cloche.sessions.kernel import EventCallback, KernelClient
@@ -35,46 +36,6 @@ BUSY_SHARE = 0.10
 log = logging.getLogger("cloche.session")
 # Cells whose end is the user's business: logged at debug level (see `Session.execute`).
 _ROUTINE = frozenset({CellStatus.OK, CellStatus.ERROR})
-# A cell past its slice is looked at this much later, and then at twice the interval each
-# time, up to BUSY_LOOK_MAX_S, while it runs: once its sandbox used at least half of an
-# interval on the CPU, it is put behind the host's processes as well (see
-# Sandbox.background). A cell that sleeps or waits (for an LLM, or a one-shot request's
-# `time.sleep`) is not: waking behind them, it would wait for every pool refill to end.
-BUSY_LOOK_S = 0.02
-# At most: a sandbox starved behind the host waits this long to come level (with 1 s, the
-# slowest of fifty downloads got 2-3x less than the fastest; with 0.25 s, 1.3-1.5x). Fifty
-# long cells cost ~200 looks a second, two reads of cgroup files each.
-BUSY_LOOK_MAX_S = 0.25
-# Behind the host, a sandbox gets the CPU only when nothing else wants it. Other sandboxes
-# whose cells run long but were never busy enough to go there (fifty downloads on two
-# cores: a twenty-fifth of a core each) would starve it for good: one that gets less than
-# STARVED_SHARE of a core while the sandboxes level with the host use at least half of one
-# comes level again (one of fifty downloading sessions got 0.2 MiB/s, another 32).
-BUSY_SHARE_OF_LOOK = 0.5
-STARVED_SHARE = 0.125
-# A long cell whose sandbox used this share of a core, or is behind the host (starved there,
-# it could not show it wants more), counts in the crowd (CellGate.crowded): more such cells
-# than cores all stay level with the host. Behind it, sandboxes share what the host leaves
-# unevenly (and each move behind and back costs the mover a cgroup migration): of fifty
-# sessions downloading at once, half got no byte in 5 s while one got 900 MiB; level, the
-# slowest got 1.1-1.8x less than the fastest (BENCHMARKS.md, egress).
-CROWD_SHARE = 0.02
-BEHIND, LEVEL, STAY = "behind", "level", "stay"
-
-
-def cpu_move(moved: bool, share: float, peers_share: float | None, crowded: bool = False) -> str:
-    """Where a sandbox whose cell runs long goes for the CPU after a look: BEHIND the host's
-    processes (busy: `share` of a core is at least half), LEVEL with them again (behind,
-    and starved by other sandboxes level with the host: `peers_share` is their summed
-    share, None when not counted; or `crowded`: more long cells busy than cores), or STAY
-    where it is."""
-    if crowded:
-        return LEVEL if moved else STAY
-    if not moved:
-        return BEHIND if share >= BUSY_SHARE_OF_LOOK else STAY
-    if share < STARVED_SHARE and peers_share is not None and peers_share >= BUSY_SHARE_OF_LOOK:
-        return LEVEL
-    return STAY
 
 
 class SessionState(enum.Enum):
@@ -105,6 +66,7 @@ class SessionInfo:
     queued_cells: int
     profile: str
     egress: dict[str, Any] | None = None  # the policy it was given ({policy, allow?}), if any
+    template: str = "python"  # the template its system is made of
     metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
     cell_timeout_s: float | None = None  # its cells' default time limit, if it has its own
     # What its sandbox has used, when asked for (listings): CPU time, s; memory now, bytes.
@@ -134,9 +96,12 @@ class Session:
         self.gate = gate
         self.egress: Policy | None = None  # what it may reach (a door is opened for it)
         self.placeholders: dict[str, str] = {}  # its secrets' placeholders, by secret name
-        self.behind = False  # its sandbox runs behind the others: its cells run long
-        self._look: asyncio.TimerHandle | None = None  # at the CPU use of a cell running long
+        # Where its sandbox stands for the CPU while its cells take turns at the gate
+        self.cpu = CpuPlacement(session_id, gate, lambda: self.kernel) if gate is not None else None
         self.profile = profile
+        self.template = "python"  # the template its system is made of
+        self.env: dict[str, str] = {}  # asked at its creation: its commands get it too
+        self.in_use = 0  # commands and terminals being watched: it is not idle meanwhile
         self.owner_key = owner_key
         self.kernel: KernelClient | None = None
         self.files: WorkdirFiles | None = None  # its working directory, while it runs
@@ -164,12 +129,13 @@ class Session:
     def attach(self, kernel: KernelClient) -> None:
         """Run on kernel from now on (a new session's, or a paused one's restored)."""
         sandbox = kernel.sandbox
-        self.behind = False  # a new sandbox starts level with the others
+        if self.cpu is not None:
+            self.cpu.behind = False  # a new sandbox starts level with the others
         uid, gid = sandbox.file_owner or (None, None)
         self.files = WorkdirFiles(sandbox.workdir, uid, gid, sandbox.limits.disk_mib * MIB)
         self.kernel = kernel
         self.state = SessionState.IDLE
-        self._idle_from_now()
+        self.idle_from_now()
 
     def detach(self) -> KernelClient | None:
         """The session is saved: it goes on without a sandbox. Returns the kernel to close."""
@@ -192,6 +158,7 @@ class Session:
             queued_cells=self._waiting,
             profile=self.profile,
             egress=self.egress.describe() if self.egress is not None else None,
+            template=self.template,
             metadata=dict(self.metadata),
             cell_timeout_s=self.cell_timeout_s,
             last_cell=_last_cell(self.history),
@@ -306,10 +273,10 @@ class Session:
                 stdin=stdin,
                 pager=pager,
             )
-            if self.gate is None:
+            if self.cpu is None:
                 result = await run()
             else:
-                result = await self._take_turn(run)
+                result = await self.cpu.take_turn(self.kernel, run)
                 waited_s += result.queue_wait_s
             result.queue_wait_s = waited_s
             if before is not None and result.session_survived:
@@ -332,102 +299,7 @@ class Session:
             if self.state is SessionState.BUSY:
                 self.state = SessionState.IDLE
             self._lock.release()
-            self._idle_from_now()
-
-    async def _take_turn(
-        self,
-        run: Callable[[], Awaitable[CellResult]],
-    ) -> CellResult:
-        """Run the cell in its turn at the gate; its wait is in the result's queue_wait_s.
-
-        A cell that outruns its slice puts its sandbox behind the others for CPU, and the
-        session stays behind while its cells keep running long (a loop of long cells would
-        otherwise take the CPU at full weight for the first slice of each). Its first cell
-        that uses less CPU than a slice brings it level again: CPU, not time, as a short
-        cell slowed down behind the others would otherwise keep it there for good.
-        """
-        assert self.gate is not None and self.kernel is not None
-        kernel = self.kernel
-        overran = False
-        cpu_before = kernel.sandbox.cpu_seconds() if self.behind else None
-
-        def go_behind() -> None:
-            nonlocal overran
-            overran = True
-            if not self.behind:
-                self.behind = True
-                kernel.sandbox.background(True)
-            # Behind the host already when a long cell before this one left it there.
-            moved = kernel.sandbox.behind_the_host
-            self._look_at_cpu(kernel, None, None, BUSY_LOOK_S, moved)
-
-        asked = time.perf_counter()
-        try:
-            async with self.gate.admitted(go_behind):
-                waited_s = time.perf_counter() - asked
-                result = await run()
-        finally:
-            self.gate.note_long(self.id, False)
-            if self._look is not None:
-                self._look.cancel()
-                self._look = None
-            if self.behind and self._was_short(overran, cpu_before):
-                self.behind = False
-                if kernel.alive:
-                    kernel.sandbox.background(False)
-        result.queue_wait_s = waited_s
-        return result
-
-    def _look_at_cpu(
-        self,
-        kernel: KernelClient,
-        used_before: float | None,
-        peers_before: float | None,
-        interval_s: float,
-        moved: bool = False,
-    ) -> None:
-        """While a cell past its slice runs: once its sandbox used at least half of the
-        interval since the last look on the CPU, put it behind the host's processes too;
-        else look again, after twice the interval (up to BUSY_LOOK_MAX_S). Once behind, look
-        on each BUSY_LOOK_MAX_S: starved there by other sandboxes (see `cpu_move`), it comes
-        level with the host again (still at its low weight among the sandboxes)."""
-        self._look = None
-        sandbox = kernel.sandbox
-        used = sandbox.cpu_seconds()
-        peers = sandbox.peers_cpu_seconds()
-        if used is None or not self.behind or kernel.stopping:
-            return  # a cell told to stop stays level with the host (KernelClient._signal)
-        if used_before is not None:
-            assert self.gate is not None
-            share = (used - used_before) / interval_s
-            # Behind, it may be starved: it counts as busy (else it could not show it is).
-            self.gate.note_long(self.id, moved or share >= CROWD_SHARE)
-            peers_share = None if peers is None or peers_before is None else (peers - peers_before)
-            move = cpu_move(
-                moved,
-                share,
-                None if peers_share is None else peers_share / interval_s,
-                self.gate.crowded,
-            )
-            if move == BEHIND:
-                sandbox.background(True, busy=True)
-                moved = True
-            elif move == LEVEL:
-                sandbox.level_with_the_host()
-                moved = False
-            interval_s = BUSY_LOOK_MAX_S if moved else min(interval_s * 2, BUSY_LOOK_MAX_S)
-        self._look = asyncio.get_running_loop().call_later(
-            interval_s, self._look_at_cpu, kernel, used, peers, interval_s, moved
-        )
-
-    def _was_short(self, overran: bool, cpu_before: float | None) -> bool:
-        """Whether the cell just run was short: on the CPU, when it started behind and the
-        sandbox's CPU is counted; else in time (within its slice)."""
-        assert self.gate is not None
-        cpu_after = self.kernel.sandbox.cpu_seconds() if self.kernel is not None else None
-        if cpu_before is None or cpu_after is None:
-            return not overran
-        return cpu_after - cpu_before < self.gate.slice_s
+            self.idle_from_now()
 
     async def _snapshot(self) -> Snapshot:
         """The working directory's files; walked right here when the last walk saw only a
@@ -437,7 +309,7 @@ class Session:
             return self.files.snapshot()
         return await asyncio.to_thread(self.files.snapshot)
 
-    def _idle_from_now(self) -> None:
+    def idle_from_now(self) -> None:
         """(Re)start the clock after which an idle session's sandbox is frozen."""
         if self._freeze_idle_s <= 0 or self.kernel is None:
             return
@@ -453,7 +325,12 @@ class Session:
 
     @property
     def _idle(self) -> bool:
-        return self.state is SessionState.IDLE and not self._lock.locked() and self.usable
+        return (
+            self.state is SessionState.IDLE
+            and not self._lock.locked()
+            and self.usable
+            and not self.in_use
+        )
 
     def _freeze_if_idle(self) -> None:
         """The idle period is over: watch the sandbox's CPU use for FREEZE_PROBE_S."""
@@ -478,7 +355,7 @@ class Session:
         elapsed = asyncio.get_running_loop().time() - since
         if used_before is not None and used is not None and elapsed > 0:
             if (used - used_before) / elapsed > BUSY_SHARE:
-                self._idle_from_now()  # working on its own: look again a period later
+                self.idle_from_now()  # working on its own: look again a period later
                 return
         sandbox.freeze()  # thawed by the next cell, interrupt or close
 

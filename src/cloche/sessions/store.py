@@ -56,6 +56,8 @@ class SessionRecord:
     metadata: dict[str, str] = field(default_factory=dict)  # its owner's labels
     cell_timeout_s: float | None = None  # its cells' default time limit, if its own
     paused_for: str = ""  # why it was paused (request, idle, room, shutdown, move)
+    template: str = "python"  # the template its system is made of
+    env: dict[str, str] = field(default_factory=dict)  # asked at its creation, for its commands
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class SnapshotRecord:
     origin: str
     egress: dict[str, Any] | None = None  # the session's egress policy when it was taken
     metadata: dict[str, str] = field(default_factory=dict)  # the session's, when taken
+    template: str = "python"  # the template its system is made of
+    env: dict[str, str] = field(default_factory=dict)  # the session's, for its commands
 
 
 def _load(path: Path, kind: type[Any]) -> Any:

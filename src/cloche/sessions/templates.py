@@ -34,7 +34,7 @@ from cloche.errors import (
     TemplateRefused,
 )
 from cloche.sandbox import images
-from cloche.sandbox.bundle import SANDBOX_GID, SANDBOX_UID, WORKDIR
+from cloche.sandbox.bundle import HOME, USER_GID, USER_UID
 from cloche.sandbox.images import (
     DEFAULT_PATH,
     RECORD,
@@ -43,6 +43,7 @@ from cloche.sandbox.images import (
     TemplateSource,
     TemplateState,
 )
+from cloche.sandbox.layers import System
 
 __all__ = ["BUILT_IN", "Templates", "python_template"]
 
@@ -65,10 +66,10 @@ def python_template() -> TemplateInfo:
         state=TemplateState.READY,
         source={"kind": "builtin", "ref": "the host's /usr and cloche's interpreter"},
         env=[DEFAULT_PATH],
-        shell="/bin/sh",
+        shell="/bin/bash",
         python=sys.executable,
         python_version=version,
-        user={"name": "sandbox", "uid": SANDBOX_UID, "gid": SANDBOX_GID, "home": WORKDIR},
+        user={"name": "user", "uid": USER_UID, "gid": USER_GID, "home": HOME},
         created_at=_STARTED_AT,
         built_in=True,
     )
@@ -175,6 +176,30 @@ class Templates:
         if info.state is TemplateState.FAILED:
             raise TemplateFailed(f"template {name} failed to build: {info.error}")
         return self.root / name / ROOTFS, info
+
+    def system(self, name: str) -> System:
+        """What a ready template gives its sessions' sandboxes (`TemplateSystems`): its
+        rootfs and defaults. The built-in `python`'s system is the backend's own.
+
+        Raises:
+            TemplateNotFound, TemplateNotReady, TemplateFailed: it can't serve.
+            TemplateRefused: `python`, which has no rootfs here.
+        """
+        rootfs, info = self.ready(name)
+        if rootfs is None:
+            raise TemplateRefused(f"{name} is the built-in template: the backend's own system")
+        user = info.user
+        return System(
+            name=name,
+            rootfs=rootfs,
+            env=tuple(info.env),
+            shell_path=info.shell or "/bin/sh",
+            python=info.python,
+            user=str(user.get("name", "user")),
+            uid=int(user.get("uid", USER_UID)),
+            gid=int(user.get("gid", USER_GID)),
+            home=str(user.get("home", HOME)),
+        )
 
     # -- building and deleting ------------------------------------------------------------
 
@@ -329,14 +354,9 @@ class Templates:
         finally:
             self._builds.pop(name, None)
 
-    async def delete(self, name: str) -> None:
-        """Delete a template and its rootfs (a build under way is stopped first).
-
-        Raises:
-            TemplateRefused: the built-in `python`.
-            TemplateNotFound: no template of that name.
-            TemplateInUse: live or paused sessions use it.
-        """
+    def check_deletable(self, name: str) -> None:
+        """Raises what `delete` would before it changes anything (TemplateRefused,
+        TemplateNotFound, TemplateInUse)."""
         if name == BUILT_IN:
             self._check_name(name)
         if name not in self._infos or name in self._busy:
@@ -345,6 +365,16 @@ class Templates:
             raise TemplateInUse(
                 f"template {name} is used by live or paused sessions: close them first"
             )
+
+    async def delete(self, name: str) -> None:
+        """Delete a template and its rootfs (a build under way is stopped first).
+
+        Raises:
+            TemplateRefused: the built-in `python`.
+            TemplateNotFound: no template of that name.
+            TemplateInUse: live or paused sessions use it.
+        """
+        self.check_deletable(name)
         self._busy[name] = "deleted"
         try:
             task = self._builds.get(name)

@@ -18,6 +18,7 @@ from cloche.server.events import EventBus
 from cloche.server.http import (
     chat,
     cluster,
+    commands,
     context,
     errors,
     events,
@@ -27,6 +28,7 @@ from cloche.server.http import (
     sessions,
     snapshots,
     templates,
+    terminals,
     terrarium,
 )
 from cloche.server.http.limits import BodyLimit
@@ -65,6 +67,8 @@ def create_app(
     errors.install(app)
     app.include_router(terrarium.router)
     app.include_router(sessions.router)
+    app.include_router(commands.router)
+    app.include_router(terminals.router)
     app.include_router(history.router)
     app.include_router(snapshots.router)
     app.include_router(context.router)

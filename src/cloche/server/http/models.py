@@ -67,13 +67,24 @@ class SessionCreate(BaseModel):
         description="lean: nothing preloaded; data: numpy, pandas, ... imported; or a profile "
         "of the server's --profiles file (GET /v1/profiles)",
     )
+    template: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=r"^[a-z0-9][a-z0-9_-]*$",
+        description="The system it runs: python (the default: the server's interpreter and "
+        "runtime) or a template built from an image (GET /v1/templates); a template's "
+        "sessions are of profile lean",
+    )
     timeout: float | None = Field(
         default=None,
         gt=0,
         description="Default time limit of this session's cells, s "
         "(at most the server's --cell-timeout)",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Environment variables to set")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables of its kernel and of every command it runs",
+    )
     files: list[FileIn] = Field(default_factory=list, description="Files to put in /work")
     context: Any = Field(
         default=None,
@@ -131,6 +142,11 @@ class CellOut(BaseModel):
     files_changed: list[str]
     front_end: str = Field(description="Which front end sent it: http, tcp, mcp, jupyter, ui")
     message: str | None = Field(description="What cloche said about it (a limit, a loss)")
+    kind: str = Field(
+        default="cell",
+        description="cell; command (a process: code is its command line); terminal",
+    )
+    exit_code: int | None = Field(default=None, description="A command's, when it exited")
 
 
 class CellList(BaseModel):
@@ -150,6 +166,7 @@ class SessionLimits(BaseModel):
 class SessionOut(BaseModel):
     id: str
     profile: str
+    template: str = Field(default="python", description="The template its system is made of")
     state: str
     created_at: str = Field(description="ISO 8601, UTC")
     expires_at: str = Field(description="When it will be closed if left idle (ISO 8601, UTC)")

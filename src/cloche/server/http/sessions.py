@@ -6,7 +6,6 @@ import asyncio
 import base64
 import binascii
 import datetime
-import json
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -64,6 +63,7 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
     return {
         "id": info.id,
         "profile": info.profile,
+        "template": info.template,
         "state": info.state.value,
         "created_at": _iso(info.created_at),
         "expires_at": _iso(expires),
@@ -118,16 +118,11 @@ async def create_session(
         egress=asked,
         metadata=body.metadata,
         cell_timeout_s=body.timeout,
+        template=body.template,
+        env=body.env,
     )
     try:
         await manager.write_files(info.id, inputs, owner)
-        if body.env:
-            setup = f"import os\nos.environ.update({json.dumps(body.env)})"
-            # Silent: nothing left in the user's namespace, and the first cell is still 1.
-            result = await manager.execute(info.id, setup, owner=owner, silent=True)
-            if result.status.value != "ok":
-                why = result.error["evalue"] if result.error else result.message
-                raise PathRefused("env", f"could not set the environment: {why}")
         if body.context is not None:
             await put_context_value(manager, info.id, owner, body.context)
     except BaseException:

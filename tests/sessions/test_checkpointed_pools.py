@@ -1,4 +1,4 @@
-"""The data pool refills by restoring a checkpoint of one started sandbox (a template),
+"""The data pool refills by restoring a checkpoint of one started sandbox (its image),
 against real gVisor: clones are separate sessions that draw their own random numbers, and a
 template that can't be restored sends the pool back to starting sandboxes afresh."""
 
@@ -65,7 +65,7 @@ def test_a_template_that_cannot_be_restored_sends_the_pool_back_to_fresh_starts(
 
         info = server.call(manager.create(profile="data"))  # the refill restores, and fails
         server.call(pool.wait_full(), timeout_s=300)
-        assert pool._image is None and pool._no_template
+        assert pool._image is None and pool._no_image
         assert pool._ready[0].sandbox.restore_from is None
         assert run(server, info.id, "import sys; 'pandas' in sys.modules") == "True"
         other = server.call(manager.create(profile="data"))

@@ -1,0 +1,446 @@
+"""The process supervisor: the session's commands and terminals, beside its kernel.
+
+At start-up the kernel forks this process before it gives up root (`main.py`), so that a
+command may run as root inside the sandbox while cells never do (with --no-root there is
+no root to keep, and commands run as the session's user only). The supervisor talks only
+to the kernel, over a socket pair; the kernel relays the host's `proc.*` frames to it and
+its frames to the host. It is the sandbox's subreaper: what a command leaves behind comes
+back to it, and is reaped.
+
+    host -> supervisor  {"op": "proc.start", "rid", "argv", "cwd", "env", "user", "stdin",
+                          "pty": null | {"cols", "rows"}, "tag", "cmd"}
+                        {"op": "proc.input", "rid", "pid", "data": base64}
+                        {"op": "proc.eof" | "proc.kill" | "proc.hangup", "rid", "pid"}
+                        {"op": "proc.signal", "rid", "pid", "signal": int}
+                        {"op": "proc.resize", "rid", "pid", "cols", "rows"}
+                        {"op": "proc.list", "rid"}
+                        {"op": "proc.ack", "pid", "bytes"}   (output taken: send more)
+    supervisor -> host  {"op": "proc.reply", "rid", ...result | "error": str}
+                        {"op": "proc.out", "pid", "fd": 1 | 2, "data": base64}
+                        {"op": "proc.exit", "pid", "exit_code": int | null, "signal": int | null}
+
+Output goes out as it comes, in pieces, until WINDOW bytes of a process are unacknowledged;
+then that process's output waits (its writes block, as on a slow terminal) until the host
+acknowledges. A process has ended when its leader has and its streams are drained; streams
+still held open by what it left running are read on and dropped, so nothing it left gets
+SIGPIPE for writing.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import spawn
+
+WINDOW = 256 * 1024  # output bytes of one process sent and not yet acknowledged, at most
+_CHUNK = 64 * 1024
+_HEADER = struct.Struct(">I")
+_HANGUP_GRACE_S = 2.0  # a hung-up terminal's processes get this long before SIGKILL
+_PR_SET_CHILD_SUBREAPER = 36
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+class _Process:
+    def __init__(self, started: spawn.Started, request: dict[str, Any]) -> None:
+        self.pid = started.pid
+        self.outputs: dict[int, int] = {started.stdout: 1}  # read fd -> stream number
+        if started.stderr is not None:
+            self.outputs[started.stderr] = 2
+        self.stdin = started.stdin  # for a terminal, its master (also its output)
+        self.terminal = request.get("pty") is not None
+        self.pending_input = b""
+        self.close_input = False  # close stdin once the pending input is written
+        self.unacked = 0
+        self.status: int | None = None  # wait status, once the leader is reaped
+        self.described = {
+            "pid": self.pid,
+            "cmd": request.get("cmd"),
+            "argv": request.get("argv"),
+            "cwd": request.get("cwd"),
+            "env": request.get("env"),
+            "tag": request.get("tag"),
+            "user": request.get("user"),
+            "pty": self.terminal,
+            "stdin": bool(request.get("stdin")) or self.terminal,
+            "started_at": time.time(),
+        }
+
+    @property
+    def paused(self) -> bool:
+        """Its output waits for the host's acknowledgement (not once it has ended)."""
+        return self.unacked >= WINDOW and self.status is None
+
+
+class Supervisor:
+    """One select loop over the kernel's socket, every process's streams and SIGCHLD."""
+
+    def __init__(self, link: socket.socket) -> None:
+        self.link = link
+        link.setblocking(False)
+        self.selector = selectors.DefaultSelector()
+        self.inbox = b""
+        self.outbox = bytearray()
+        self.processes: dict[int, _Process] = {}  # running, by pid
+        self.streams: dict[int, _Process] = {}  # fd -> the process it belongs to
+        self.orphans: set[int] = set()  # streams of ended processes, still held by others
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.waker_r, self.waker_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.waker_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_IGN)
+        self.selector.register(link, selectors.EVENT_READ)
+        self.selector.register(self.waker_r, selectors.EVENT_READ)
+        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
+            "proc.start": self._start,
+            "proc.input": self._input,
+            "proc.eof": self._eof,
+            "proc.signal": self._signal,
+            "proc.kill": self._kill,
+            "proc.hangup": self._hangup,
+            "proc.resize": self._resize,
+            "proc.list": self._list,
+        }
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            timeout = None
+            if self.timers:
+                timeout = max(0.0, min(when for when, _ in self.timers) - time.monotonic())
+            for key, mask in self.selector.select(timeout):
+                fd = key.fd
+                if fd == self.link.fileno():
+                    self._on_link(mask)
+                elif fd == self.waker_r:
+                    self._on_signal()
+                elif fd in self.orphans:
+                    self._drop(fd)
+                elif fd in self.streams:
+                    self._on_stream(self.streams[fd], fd, mask)
+            now = time.monotonic()
+            due = [action for when, action in self.timers if when <= now]
+            self.timers = [(when, action) for when, action in self.timers if when > now]
+            for action in due:
+                action()
+
+    def _watch(self, fd: int, events: int) -> None:
+        """Set what the loop waits for on fd (nothing: not watched)."""
+        watched = fd in self.selector.get_map()
+        if events and watched:
+            self.selector.modify(fd, events)
+        elif events:
+            self.selector.register(fd, events)
+        elif watched:
+            self.selector.unregister(fd)
+
+    def _update(self, process: _Process) -> None:
+        """Watch a process's streams for what it needs now: output unless it waits for an
+        acknowledgement, its stdin while input is pending."""
+        fds = set(process.outputs) | ({process.stdin} if process.stdin is not None else set())
+        for fd in fds:
+            events = 0
+            if fd in process.outputs and not process.paused:
+                events |= selectors.EVENT_READ
+            if fd == process.stdin and process.pending_input:
+                events |= selectors.EVENT_WRITE
+            self._watch(fd, events)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        body = _encoder.encode(message).encode("utf-8", "backslashreplace")
+        was_empty = not self.outbox
+        self.outbox += _HEADER.pack(len(body)) + body
+        if was_empty:
+            self._flush()
+
+    def _flush(self) -> None:
+        try:
+            while self.outbox:
+                sent = self.link.send(self.outbox)
+                del self.outbox[:sent]
+        except BlockingIOError:
+            pass
+        except OSError:  # the kernel is gone: so is the sandbox
+            os._exit(0)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.outbox else 0)
+        self._watch(self.link.fileno(), events)
+
+    def _on_link(self, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE:
+            self._flush()
+        if not mask & selectors.EVENT_READ:
+            return
+        try:
+            data = self.link.recv(1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            os._exit(0)  # the kernel has gone
+        self.inbox += data
+        while len(self.inbox) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self.inbox)
+            if len(self.inbox) < _HEADER.size + length:
+                break
+            body = self.inbox[_HEADER.size : _HEADER.size + length]
+            self.inbox = self.inbox[_HEADER.size + length :]
+            self._handle(json.loads(body))
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "proc.ack":
+            self._ack(message)
+            return
+        handler = self.handlers.get(str(op))
+        try:
+            if handler is None:
+                raise ValueError(f"unknown request {op!r}")
+            result = handler(message) or {}
+        except Exception as exc:  # every request is answered, a failure with its reason
+            result = {"error": str(exc) or type(exc).__name__}
+        if "rid" in message:
+            self._send({"op": "proc.reply", "rid": message["rid"], **result})
+
+    # -- requests ----------------------------------------------------------------------
+
+    def _start(self, request: dict[str, Any]) -> dict[str, Any]:
+        argv = request.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("argv must be a non-empty list of strings")
+        user = str(request.get("user") or "user")
+        try:
+            identity = spawn.Identity.of(user)
+        except KeyError:
+            raise ValueError(f"no user {user!r} in the sandbox's /etc/passwd") from None
+        env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+        env.setdefault("HOME", identity.home)
+        env.setdefault("USER", identity.name)
+        env.setdefault("LOGNAME", identity.name)
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        pty = request.get("pty")
+        size = (int(pty.get("cols", 80)), int(pty.get("rows", 24))) if pty else None
+        what = spawn.Start(
+            argv=argv,
+            cwd=str(request.get("cwd") or identity.home),
+            env=env,
+            identity=identity,
+            stdin=bool(request.get("stdin")),
+            pty=size,
+        )
+        process = _Process(spawn.start(what), request)
+        self.processes[process.pid] = process
+        for fd in process.outputs:
+            self.streams[fd] = process
+        if process.stdin is not None:
+            self.streams[process.stdin] = process
+        self._update(process)
+        return {"pid": process.pid}
+
+    def _find(self, request: dict[str, Any]) -> _Process:
+        process = self.processes.get(request.get("pid"))  # type: ignore[arg-type]
+        if process is None:
+            raise ProcessLookupError(f"process {request.get('pid')} is not running")
+        return process
+
+    def _input(self, request: dict[str, Any]) -> None:
+        process = self._find(request)
+        if process.stdin is None or process.close_input:
+            raise ValueError(f"process {process.pid} takes no input (start it with stdin)")
+        process.pending_input += base64.b64decode(str(request.get("data") or ""))
+        self._write_input(process)
+
+    def _eof(self, request: dict[str, Any]) -> None:
+        process = self._find(request)
+        if process.terminal:  # a terminal's end of input is its EOF character
+            process.pending_input += b"\x04"
+        else:
+            process.close_input = True
+        self._write_input(process)
+
+    def _signal(self, request: dict[str, Any]) -> None:
+        process = self._find(request)
+        number = int(request.get("signal", signal.SIGTERM))
+        try:
+            os.killpg(process.pid, number)
+        except ProcessLookupError:
+            os.kill(process.pid, number)
+
+    def _kill(self, request: dict[str, Any]) -> dict[str, Any]:
+        process = self._find(request)
+        return {"killed": spawn.kill_tree(process.pid)}
+
+    def _hangup(self, request: dict[str, Any]) -> None:
+        process = self._find(request)
+        for member in spawn.tree(process.pid):
+            for number in (signal.SIGHUP, signal.SIGCONT):
+                try:
+                    os.kill(member, number)
+                except OSError:
+                    pass
+        self.timers.append((time.monotonic() + _HANGUP_GRACE_S, lambda: self._end_session(process)))
+
+    def _end_session(self, process: _Process) -> None:
+        spawn.kill_tree(process.pid)
+
+    def _resize(self, request: dict[str, Any]) -> None:
+        process = self._find(request)
+        if not process.terminal or process.stdin is None:
+            raise ValueError(f"process {process.pid} has no terminal")
+        spawn.set_size(process.stdin, int(request["cols"]), int(request["rows"]))
+
+    def _list(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {"processes": [p.described for p in self.processes.values()]}
+
+    def _ack(self, request: dict[str, Any]) -> None:
+        process = self.processes.get(request.get("pid"))  # type: ignore[arg-type]
+        if process is not None:
+            was_paused = process.paused
+            process.unacked = max(0, process.unacked - int(request.get("bytes") or 0))
+            if was_paused and not process.paused:
+                self._update(process)
+
+    # -- streams -----------------------------------------------------------------------
+
+    def _on_stream(self, process: _Process, fd: int, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE and fd == process.stdin:
+            self._write_input(process)
+        if mask & selectors.EVENT_READ and fd in process.outputs:
+            self._read(process, fd)
+
+    def _read(self, process: _Process, fd: int) -> bool:
+        """Send one piece of a stream's output; False at its end (then closed) or if empty."""
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError as exc:  # a terminal whose every holder closed it: EIO
+            if exc.errno != errno.EIO:
+                raise
+            data = b""
+        if not data:
+            self._close_output(process, fd)
+            return False
+        process.unacked += len(data)
+        self._send(
+            {
+                "op": "proc.out",
+                "pid": process.pid,
+                "fd": process.outputs[fd],
+                "data": base64.b64encode(data).decode("ascii"),
+            }
+        )
+        if process.paused:
+            self._update(process)
+        return True
+
+    def _close_output(self, process: _Process, fd: int) -> None:
+        del process.outputs[fd]
+        if fd == process.stdin:
+            process.stdin = None
+        self._forget(fd)
+        self._maybe_ended(process)
+
+    def _forget(self, fd: int) -> None:
+        self._watch(fd, 0)
+        self.streams.pop(fd, None)
+        os.close(fd)
+
+    def _drop(self, fd: int) -> None:
+        """Read and drop what an ended process's leftovers write, until they close it."""
+        try:
+            while os.read(fd, _CHUNK):
+                pass
+            end = True
+        except BlockingIOError:
+            end = False
+        except OSError:
+            end = True
+        if end:
+            self.orphans.discard(fd)
+            self._watch(fd, 0)
+            os.close(fd)
+
+    def _write_input(self, process: _Process) -> None:
+        fd = process.stdin
+        if fd is None:
+            process.pending_input = b""
+            return
+        try:
+            while process.pending_input:
+                written = os.write(fd, process.pending_input)
+                process.pending_input = process.pending_input[written:]
+        except BlockingIOError:
+            pass
+        except OSError:  # the process closed its end: what it did not read is lost
+            process.pending_input = b""
+        if not process.pending_input and process.close_input and not process.terminal:
+            process.stdin = None
+            self._forget(fd)
+        else:
+            self._update(process)
+
+    # -- ends --------------------------------------------------------------------------
+
+    def _on_signal(self) -> None:
+        try:
+            while os.read(self.waker_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            process = self.processes.get(pid)
+            if process is not None:  # else an orphan that came back to us: reaped, forgotten
+                process.status = status
+                self._maybe_ended(process)
+
+    def _maybe_ended(self, process: _Process) -> None:
+        """Once the leader is reaped: send what its streams hold now, leave them to whatever
+        still holds them open (read and dropped), and tell its end."""
+        if process.status is None or process.pid not in self.processes:
+            return
+        del self.processes[process.pid]
+        for fd in list(process.outputs):
+            while fd in process.outputs and self._read(process, fd):
+                pass
+        for fd in process.outputs:
+            self.streams.pop(fd, None)
+            self.orphans.add(fd)
+            self._watch(fd, selectors.EVENT_READ)
+        if process.stdin is not None and process.stdin not in process.outputs:
+            self._forget(process.stdin)
+        process.outputs.clear()
+        process.stdin = None
+        code, number = spawn.exit_of(process.status)
+        self._send({"op": "proc.exit", "pid": process.pid, "exit_code": code, "signal": number})
+        if process.terminal:  # its session ends with its shell, as at a hang-up
+            spawn.kill_tree(process.pid)
+
+
+def run(link: socket.socket) -> None:
+    """The supervisor's life (in the process the kernel forked)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        Supervisor(link).run()
+    finally:
+        os._exit(0)

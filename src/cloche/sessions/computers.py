@@ -1,0 +1,254 @@
+"""Sessions as computers: commands and terminals beside the cells, in the same sandbox.
+
+The third layer of `LocalSessionManager` (`sessions.local`), over `sessions.running`: the
+process verbs of `commands.ProcessVerbs` on live sessions. A request for a paused session
+resumes it first, as a cell does. While a process is watched (a foreground run, an
+attached stream, a terminal) its session is in use: not frozen, paused or closed for
+idleness.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from cloche.errors import ClocheError, SessionNotFound
+from cloche.sandbox.bundle import DOOR_MOUNT
+from cloche.sessions.commands import (
+    CommandResult,
+    Commands,
+    CommandSpec,
+    EventSink,
+)
+from cloche.sessions.history import CellEntry, cut
+from cloche.sessions.processes import Event, ProcessTable, Watcher
+from cloche.sessions.running import RunningSessions
+from cloche.sessions.session import Session
+
+log = logging.getLogger("cloche.session")
+EGRESS_PORT = 3128  # the kernel's proxy on the sandbox's loopback (kernel/egress.py)
+
+
+class ComputerSessions(RunningSessions):
+    """Live sessions that run commands and terminals."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.command_runs = Commands(
+            root_allowed=not self.config.no_root,
+            output_limit=self.limits.output_bytes,
+            history_bytes=self.config.history_output_bytes,
+            finished=self._command_finished,
+        )
+
+    async def _reach(self, session_id: str, owner: str | None) -> tuple[Session, ProcessTable]:
+        """A session, resumed and awake, and its kernel's process table."""
+        session = self._find(session_id, owner)
+        await session.wake()
+        session.touch()
+        kernel = session.kernel
+        if kernel is None or not kernel.alive:
+            raise SessionNotFound(session_id)
+        kernel.sandbox.thaw()
+        return session, kernel.processes
+
+    @asynccontextmanager
+    async def _in_use(self, session: Session) -> AsyncIterator[None]:
+        session.in_use += 1
+        try:
+            yield
+        finally:
+            session.in_use -= 1
+            session.touch()
+            session.idle_from_now()
+
+    def command_env(self, session: Session) -> dict[str, str]:
+        """What a session's commands get: its template's environment, its proxy when it
+        has egress, and its own variables."""
+        assert session.kernel is not None
+        system = getattr(session.kernel.sandbox, "system", None)
+        env = dict(item.split("=", 1) for item in (system.env if system else ()) if "=" in item)
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.setdefault("LANG", "C.UTF-8")
+        if session.egress is not None:
+            url = f"http://127.0.0.1:{EGRESS_PORT}"
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+                env[name] = env[name.lower()] = url
+            env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+            bundle = f"{DOOR_MOUNT}/ca.pem"
+            for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT"):
+                env[name] = bundle
+            env["GIT_SSL_CAINFO"] = bundle
+            env.update(session.placeholders)
+        env.update(session.env)
+        return env
+
+    def _fields(self, session: Session, spec: CommandSpec) -> dict[str, Any]:
+        assert session.kernel is not None
+        return self.command_runs.request_fields(
+            spec, session.kernel.sandbox, self.command_env(session)
+        )
+
+    def _started(self, session: Session, spec: CommandSpec, pid: int, front_end: str) -> None:
+        data = {"pid": pid, "cmd": spec.line, "tag": spec.tag, "front_end": front_end}
+        self._tell("command.started", session, {**data, "pty": spec.pty is not None})
+
+    async def run_command(
+        self,
+        session_id: str,
+        spec: CommandSpec,
+        *,
+        owner: str | None = None,
+        on_event: EventSink | None = None,
+        front_end: str = "",
+    ) -> CommandResult:
+        session, table = await self._reach(session_id, owner)
+        fields = self._fields(session, spec)
+
+        def events(event: dict[str, Any]) -> None:
+            if event["type"] == "start":
+                self._started(session, spec, event["pid"], front_end)
+            if on_event is not None:
+                on_event(event)
+
+        async with self._in_use(session):
+            return await self.command_runs.run(
+                session, table, fields, spec, on_event=events, front_end=front_end
+            )
+
+    async def start_command(
+        self, session_id: str, spec: CommandSpec, *, owner: str | None = None, front_end: str = ""
+    ) -> int:
+        session, table = await self._reach(session_id, owner)
+        pid, _ = await self.command_runs.start(
+            session, table, self._fields(session, spec), spec, front_end=front_end
+        )
+        self._started(session, spec, pid, front_end)
+        return pid
+
+    async def open_command(
+        self, session_id: str, spec: CommandSpec, *, owner: str | None = None, front_end: str = ""
+    ) -> tuple[int, AsyncIterator[Event]]:
+        session, table = await self._reach(session_id, owner)
+        pid, (watcher,) = await self.command_runs.start(
+            session, table, self._fields(session, spec), spec, front_end=front_end, watchers=1
+        )
+        self._started(session, spec, pid, front_end)
+        return pid, self._listen(session, watcher)
+
+    async def _listen(self, session: Session, watcher: Watcher) -> AsyncIterator[Event]:
+        async with self._in_use(session):
+            try:
+                async for event in watcher:
+                    yield event
+            finally:
+                watcher.close()
+
+    async def commands(self, session_id: str, owner: str | None = None) -> list[dict[str, Any]]:
+        _, table = await self._reach(session_id, owner)
+        reply = await table.request("proc.list")
+        return [dict(p) for p in reply.get("processes") or [] if isinstance(p, Mapping)]
+
+    async def watch_command(
+        self, session_id: str, pid: int, owner: str | None = None
+    ) -> AsyncIterator[Event]:
+        session, table = await self._reach(session_id, owner)
+        if pid not in table.ended:  # a process that ended lately tells its end at once
+            await table.request("proc.signal", pid=pid, signal=0)  # ProcessNotFound
+        return self._listen(session, table.watch(pid))
+
+    async def command_input(
+        self, session_id: str, pid: int, data: bytes, *, eof: bool = False, owner: str | None = None
+    ) -> None:
+        _, table = await self._reach(session_id, owner)
+        if data:
+            await table.request("proc.input", pid=pid, data=_b64(data))
+        if eof:
+            await table.request("proc.eof", pid=pid)
+
+    async def signal_command(
+        self, session_id: str, pid: int, number: int, owner: str | None = None
+    ) -> None:
+        _, table = await self._reach(session_id, owner)
+        await table.request("proc.signal", pid=pid, signal=number)
+
+    async def kill_command(self, session_id: str, pid: int, owner: str | None = None) -> None:
+        _, table = await self._reach(session_id, owner)
+        await table.request("proc.kill", pid=pid)
+
+    async def resize_terminal(
+        self, session_id: str, pid: int, cols: int, rows: int, owner: str | None = None
+    ) -> None:
+        _, table = await self._reach(session_id, owner)
+        await table.request("proc.resize", pid=pid, cols=cols, rows=rows)
+
+    async def hang_up(self, session_id: str, pid: int, owner: str | None = None) -> None:
+        _, table = await self._reach(session_id, owner)
+        await table.request("proc.hangup", pid=pid)
+
+    def _command_finished(
+        self, session: Session, spec: CommandSpec, result: CommandResult, front_end: str
+    ) -> None:
+        """Keep a finished command in its session's history, tell of it and count it."""
+        ended = time.time()
+        entry = CellEntry(
+            number=session.history.next_number(),
+            execution_count=0,
+            code=spec.line,
+            status=result.status,
+            end_reason=result.end_reason,
+            started_at=ended - result.duration_ms / 1000,
+            ended_at=ended,
+            duration_s=round(result.duration_ms / 1000, 6),
+            stdout=cut(result.stdout, self.config.history_output_bytes),
+            stderr=cut(result.stderr, self.config.history_output_bytes),
+            result=None,
+            front_end=front_end,
+            kind="terminal" if spec.pty is not None else "command",
+            exit_code=result.exit_code,
+        )
+        session.history.add(entry)
+        self.observer.command_finished(result.end_reason, result.duration_ms / 1000)
+        data = {
+            "number": entry.number,
+            "pid": result.pid,
+            "cmd": spec.line,
+            "tag": spec.tag,
+            "exit_code": result.exit_code,
+            "status": result.status,
+            "end_reason": result.end_reason,
+            "duration_s": entry.duration_s,
+            "front_end": front_end,
+        }
+        self._tell("command.finished", session, data)
+
+    async def _follow_running(self, session: Session) -> None:
+        """Record the ends of the processes a session's sandbox came back with (resumed,
+        restored or forked: they were part of its image)."""
+        kernel = session.kernel
+        if kernel is None:
+            return
+        try:
+            reply = await kernel.processes.request("proc.list")
+        except ClocheError as exc:
+            log.warning("session %s: its processes are not followed: %s", session.id, exc)
+            return
+        for described in reply.get("processes") or []:
+            pid = described.get("pid") if isinstance(described, Mapping) else None
+            if type(pid) is not int:
+                continue
+            spec = CommandSpec(
+                cmd=str(described.get("cmd") or ""),
+                tag=described.get("tag") if isinstance(described.get("tag"), str) else None,
+                pty=(0, 0) if described.get("pty") else None,
+            )
+            watcher = kernel.processes.watch(pid)
+            self.command_runs.follow(session, kernel.processes, pid, watcher, spec, "")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")

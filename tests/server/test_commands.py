@@ -1,0 +1,240 @@
+"""Commands of a session (`/v1/sessions/{id}/commands`) over HTTP, against real gVisor:
+exit codes, streams kept apart and streamed as they happen, timeouts of whole process
+trees, background commands with stdin, listing, attaching, signals and kills, a client
+that leaves killing its command, and the filesystem shared with cells."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from support import ServerThread, make_config, require_gvisor, sse_events
+
+T1 = {"Authorization": "Bearer t1"}
+T2 = {"Authorization": "Bearer t2"}
+
+
+@pytest.fixture(scope="module")
+def server(state_root) -> Iterator[ServerThread]:
+    require_gvisor()
+    with ServerThread(make_config(state_root, tokens=frozenset({"t1", "t2"}))) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerThread) -> Iterator[httpx.Client]:
+    base = f"http://127.0.0.1:{server.http_port}"
+    with httpx.Client(base_url=base, headers=T1, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture
+def session(http: httpx.Client) -> Iterator[str]:
+    reply = http.post("/v1/sessions", json={})
+    assert reply.status_code == 201, reply.text
+    yield reply.json()["id"]
+    http.delete(f"/v1/sessions/{reply.json()['id']}")
+
+
+def run(http: httpx.Client, session: str, **body: object) -> dict:
+    reply = http.post(f"/v1/sessions/{session}/commands", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def processes(http: httpx.Client, session: str) -> list[str]:
+    """The command lines of every process in the session's sandbox (seen from a cell)."""
+    code = (
+        "import os\n"
+        "found = []\n"
+        "for p in os.listdir('/proc'):\n"
+        "    try: found.append(open(f'/proc/{p}/cmdline','rb').read().replace(b'\\0',b' ')"
+        ".decode())\n"
+        "    except OSError: pass\n"
+        "found"
+    )
+    reply = http.post(f"/v1/sessions/{session}/execute", json={"code": code})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["result_json"]
+
+
+def wait_until(check, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_exit_codes_and_streams_apart(http, session):
+    done = run(http, session, cmd="echo out; echo err >&2; exit 3")
+    assert (done["exit_code"], done["status"], done["end_reason"]) == (3, "exited", "error")
+    assert (done["stdout"], done["stderr"]) == ("out\n", "err\n")
+    ok = run(http, session, cmd="printf", args=["%s-%s", "a b", "$HOME"])
+    assert (ok["exit_code"], ok["stdout"], ok["end_reason"]) == (0, "a b-$HOME", "ok")
+    missing = run(http, session, cmd="no-such-program-here", args=[])
+    assert missing["exit_code"] == 127 and "no-such-program-here" in missing["stderr"]
+    where = run(http, session, cmd="id -un; pwd; echo $HOME")
+    assert where["stdout"] == "user\n/home/user\n/home/user\n"
+
+
+def test_a_command_that_calls_setsid_keeps_its_exit_code_and_output(http, session):
+    done = run(http, session, cmd="setsid sh -c 'echo inside; exit 7'")
+    assert (done["exit_code"], done["stdout"]) == (7, "inside\n")
+
+
+def test_output_streams_as_it_happens(http, session):
+    body = {
+        "cmd": "echo first; while [ ! -e /home/user/go ]; do sleep 0.05; done; echo second >&2",
+    }
+    with http.stream(
+        "POST",
+        f"/v1/sessions/{session}/commands",
+        json=body,
+        headers={"Accept": "text/event-stream"},
+    ) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+        kind, data = next(events)
+        assert kind == "start" and isinstance(data["pid"], int)
+        assert next(events) == ("stdout", {"data": "first\n"})
+        # Only now, with "first" already here, is the command let go on.
+        put = http.put(f"/v1/sessions/{session}/files/go", content=b"")
+        assert put.status_code in (200, 201, 204), put.text
+        assert next(events) == ("stderr", {"data": "second\n"})
+        kind, end = next(events)
+    assert kind == "end" and end["exit_code"] == 0 and end["status"] == "exited"
+
+
+def test_a_timeout_kills_the_whole_process_tree(http, session):
+    done = run(
+        http,
+        session,
+        cmd="sleep 1001 & setsid sleep 1002 & echo started; wait",
+        timeout=1,
+    )
+    assert (done["status"], done["end_reason"], done["exit_code"]) == ("timeout", "timeout", None)
+    assert done["stdout"] == "started\n"
+    wait_until(lambda: not any("sleep 100" in p for p in processes(http, session)))
+
+
+def test_background_commands_are_listed_take_stdin_and_end(http, session):
+    started = http.post(
+        f"/v1/sessions/{session}/commands",
+        json={"cmd": "cat", "args": [], "stdin": True, "background": True, "tag": "echoer"},
+    )
+    assert started.status_code == 201, started.text
+    pid = started.json()["pid"]
+    listed = http.get(f"/v1/sessions/{session}/commands").json()["commands"]
+    assert [(c["pid"], c["tag"], c["cmd"]) for c in listed] == [(pid, "echoer", "cat")]
+    # Cells run meanwhile, in the same sandbox.
+    cell = http.post(f"/v1/sessions/{session}/execute", json={"code": "6 * 7"}).json()
+    assert cell["result_json"] == 42
+    with http.stream("GET", f"/v1/sessions/{session}/commands/{pid}") as attached:
+        assert attached.status_code == 200
+        events = sse_events(attached)
+        sent = http.post(f"/v1/sessions/{session}/commands/{pid}/stdin", json={"data": "hi\n"})
+        assert sent.status_code == 204, sent.text
+        assert next(events) == ("stdout", {"data": "hi\n"})
+        eof = http.post(f"/v1/sessions/{session}/commands/{pid}/stdin", json={"eof": True})
+        assert eof.status_code == 204
+        kind, end = next(events)
+    assert kind == "end" and (end["exit_code"], end["status"]) == (0, "exited")
+    assert http.get(f"/v1/sessions/{session}/commands").json()["commands"] == []
+    gone = http.post(f"/v1/sessions/{session}/commands/{pid}/stdin", json={"data": "x"})
+    assert gone.status_code == 404 and "not running" in gone.json()["error"]["message"]
+
+
+def test_signals_and_kills(http, session):
+    first = http.post(
+        f"/v1/sessions/{session}/commands",
+        json={
+            "cmd": "trap 'echo got TERM; exit 5' TERM; touch trapped; while :; do sleep 0.05; done",
+            "background": True,
+        },
+    ).json()["pid"]
+    wait_until(lambda: http.get(f"/v1/sessions/{session}/files/trapped").status_code == 200)
+    with http.stream("GET", f"/v1/sessions/{session}/commands/{first}") as attached:
+        events = sse_events(attached)
+        signalled = http.post(
+            f"/v1/sessions/{session}/commands/{first}/signal", json={"signal": "SIGTERM"}
+        )
+        assert signalled.status_code == 204, signalled.text
+        seen = list(events)  # the group's sleep may say "Terminated" on stderr first
+    assert ("stdout", {"data": "got TERM\n"}) in seen
+    assert seen[-1][0] == "end" and seen[-1][1]["exit_code"] == 5
+    second = http.post(
+        f"/v1/sessions/{session}/commands",
+        json={"cmd": "sleep 1003 & sleep 1004", "background": True},
+    ).json()["pid"]
+    assert http.delete(f"/v1/sessions/{session}/commands/{second}").status_code == 204
+    wait_until(lambda: not any("sleep 100" in p for p in processes(http, session)))
+    assert http.delete(f"/v1/sessions/{session}/commands/{second}").status_code == 404
+    bad = http.post(f"/v1/sessions/{session}/commands/{second}/signal", json={"signal": "NOPE"})
+    assert bad.status_code == 400 and "NOPE" in bad.json()["error"]["message"]
+
+
+def test_a_client_leaving_a_foreground_stream_kills_its_command(http, session):
+    with http.stream(
+        "POST",
+        f"/v1/sessions/{session}/commands?stream=true",
+        json={"cmd": "echo ready; exec sleep 1005"},
+    ) as response:
+        events = sse_events(response)
+        assert next(events)[0] == "start"
+        assert next(events) == ("stdout", {"data": "ready\n"})
+    wait_until(lambda: not any("sleep 1005" in p for p in processes(http, session)))
+    wait_until(lambda: http.get(f"/v1/sessions/{session}/commands").json()["commands"] == [])
+
+
+def test_cells_and_commands_share_the_filesystem(http, session):
+    cell = http.post(
+        f"/v1/sessions/{session}/execute",
+        json={"code": "open('from-cell.txt', 'w').write('written by a cell')"},
+    )
+    assert cell.status_code == 200
+    assert run(http, session, cmd="cat from-cell.txt")["stdout"] == "written by a cell"
+    run(http, session, cmd="echo written by a command > /tmp/from-command.txt")
+    read = http.post(
+        f"/v1/sessions/{session}/execute",
+        json={"code": "open('/tmp/from-command.txt').read()"},
+    ).json()
+    assert read["result_json"] == "written by a command\n"
+
+
+def test_commands_are_in_the_history_and_another_tenant_sees_nothing(server, http, session):
+    run(http, session, cmd="echo kept; exit 2")
+    cells = http.get(f"/v1/sessions/{session}/cells").json()["cells"]
+    last = cells[-1]
+    assert (last["kind"], last["code"], last["exit_code"], last["stdout"]) == (
+        "command",
+        "echo kept; exit 2",
+        2,
+        "kept\n",
+    )
+    base = f"http://127.0.0.1:{server.http_port}"
+    with httpx.Client(base_url=base, headers=T2, timeout=60) as other:
+        assert (
+            other.post(f"/v1/sessions/{session}/commands", json={"cmd": "true"}).status_code == 404
+        )
+        assert other.get(f"/v1/sessions/{session}/commands").status_code == 404
+
+
+def test_bad_commands_get_clear_errors(http, session):
+    for body, words in (
+        ({}, "cmd"),
+        ({"cmd": ""}, "cmd"),
+        ({"cmd": "true", "shell": True}, "shell"),
+        ({"cmd": "true", "user": "nobody-here"}, "nobody-here"),
+        ({"cmd": "true", "cwd": "/no/such/dir"}, None),
+    ):
+        reply = http.post(f"/v1/sessions/{session}/commands", json=body)
+        if words is None:  # the directory is the command's: it fails inside, with a message
+            assert reply.status_code == 200 and "/no/such/dir" in reply.json()["stderr"]
+            continue
+        assert reply.status_code == 400, (body, reply.text)
+        assert words in reply.json()["error"]["message"], reply.text
+    unknown = http.post("/v1/sessions/no-such-session/commands", json={"cmd": "true"})
+    assert unknown.status_code == 404
