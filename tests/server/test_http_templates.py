@@ -213,11 +213,12 @@ def test_a_template_sessions_use_cant_be_deleted(server, admin, tmp_path) -> Non
     assert upload(admin, "used", small_root(tmp_path / "root.tar")).status_code == 202
     assert ended(admin, "used")["state"] == "ready"
     catalogue = server.server.manager.template_catalog  # type: ignore[attr-defined]
+    real = catalogue.in_use  # the manager's: whether a live or paused session uses it
     catalogue.in_use = lambda name: name == "used"
     try:
         status, kind, message = error_of(admin.delete("/v1/templates/used"))
     finally:
-        catalogue.in_use = lambda name: False
+        catalogue.in_use = real
     assert (status, kind) == (409, "template_in_use") and "close them first" in message
     assert admin.delete("/v1/templates/used").status_code == 204
 
