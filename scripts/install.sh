@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what cloche needs on a Debian/Ubuntu machine, idempotently:
-#   runsc (gVisor), a virtualenv .venv with cloche, the sandbox runtime .runtime/.
+#   runsc (gVisor), skopeo and umoci (templates from images), a virtualenv .venv with cloche,
+#   the sandbox runtime .runtime/.
 # Usage: scripts/install.sh [--dev] [--cluster]
-#   --dev adds ruff, mypy, pytest, Playwright with Debian's chromium, ...;
+#   --dev adds ruff, mypy, pytest, Playwright with Debian's chromium, mmdebstrap, ...;
 #   --cluster adds Ray (cloche[cluster], for --cluster)
 # Each step is skipped when already done, so a second run takes about a second.
 set -euo pipefail
@@ -181,8 +182,28 @@ install_chromium() {
     apt_install --no-install-recommends chromium
 }
 
+# Templates from images: skopeo copies an image into an OCI layout, umoci applies its
+# layers. The template tests make their root filesystem tarballs with mmdebstrap (--dev).
+install_image_tools() {
+    local wanted=() tool
+    for tool in skopeo umoci; do
+        command -v "$tool" >/dev/null || wanted+=("$tool")
+    done
+    if [ "$dev" = 1 ] && ! command -v mmdebstrap >/dev/null; then
+        wanted+=(mmdebstrap)
+    fi
+    [ ${#wanted[@]} -gt 0 ] || return 0
+    if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
+        say "missing ${wanted[*]}: building templates from images needs skopeo and umoci"
+        return 0
+    fi
+    say "installing ${wanted[*]} (templates from images)"
+    apt_install --no-install-recommends "${wanted[@]}"
+}
+
 main() {
     install_runsc || say "continuing without runsc: only --backend unsafe-local will work"
+    install_image_tools
     [ "$dev" = 1 ] && install_docker
     [ "$dev" = 1 ] && install_chromium
     local py

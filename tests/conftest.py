@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from cloche.client.tcp import TCPClient
+from dockerd import Daemon
+from images_support import make_debian_tar
 from support import ServerThread, make_config, require_gvisor
 
 
@@ -44,3 +46,21 @@ def make_server(state_root: Path) -> Iterator[object]:
 def client(server: ServerThread) -> Iterator[TCPClient]:
     with server.client() as connection:
         yield connection
+
+
+@pytest.fixture(scope="session")
+def docker_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A Docker engine for the run: the one that answers, or dockerd started (and stopped)."""
+    daemon = Daemon(tmp_path_factory.mktemp("dockerd") / "dockerd.log")
+    daemon.ensure()
+    yield
+    daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def debian_tar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A Debian bookworm minbase root tarball with python3 and python3-yaml, made by
+    mmdebstrap once per run (and removed at its end)."""
+    path = tmp_path_factory.mktemp("debian") / "bookworm.tar"
+    yield make_debian_tar(path)
+    path.unlink(missing_ok=True)

@@ -171,3 +171,12 @@ class ServerConfig:
     # --webhook-secret (whsec_<base64>); None: the one kept in <data_dir>/webhook-secret
     webhook_secret: str | None = field(default=None, repr=False)
     webhook_retry_s: float = 3600.0  # an event not delivered within this is dropped
+    # Templates (a session's system from an image), each <templates_dir>/<name>/; None:
+    # <data_dir>/templates. Root-only: images hold setuid files.
+    templates_dir: Path | None = None
+    template_max_mib: int = 8192  # a tarball or image uploaded as a build's body, MiB
+
+    @property
+    def templates_root(self) -> Path:
+        """Where templates are built and kept: --templates-dir, or <data_dir>/templates."""
+        return self.templates_dir or self.data_dir / "templates"

@@ -15,6 +15,13 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── LLMUnavailable          the server has no LLM backend (--llm-base-url)
     │   └── LLMBudgetExceeded       a session spent its budget (--llm-max-calls, ...)
     ├── PackageInstallError         `%pip install` refused or failed (a cell sees it as such)
+    ├── TemplateError               a template can't be built, found or used
+    │   ├── TemplateNotFound        no template of that name
+    │   ├── TemplateExists          one of that name is ready or being built (delete it first)
+    │   ├── TemplateNotReady        it is still being built
+    │   ├── TemplateFailed          its build failed: the builder's own lines say why
+    │   ├── TemplateInUse           live or paused sessions use it (it can't be deleted)
+    │   └── TemplateRefused         a bad name or source, or the built-in `python` (400)
     ├── SandboxError                a sandbox could not be started or was lost
     │   ├── SandboxStartError       it failed to start (after retries)
     │   └── KernelDied              it exited or broke the channel while in use
@@ -54,7 +61,9 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
 The client SDK (`cloche.Client`, `cloche.AsyncClient`) raises the same classes as the
 server for the same conditions: a 404 about a session is `SessionNotFound`, a 401 is
 `Unauthorized`, a 403 `Forbidden`, a 429 is `TooManySessions` (`QuotaExceeded` over a
-tenant's quota), a 503 is `SandboxError`. What only a client can meet is under `ClientError`.
+tenant's quota), a 503 is `SandboxError`; about templates, a 404 is `TemplateNotFound`, a 409
+`TemplateExists`, `TemplateNotReady`, `TemplateFailed` or `TemplateInUse`, a 400
+`TemplateRefused`, a 501 `NotSupported`. What only a client can meet is under `ClientError`.
 """
 
 from __future__ import annotations
@@ -112,6 +121,41 @@ class LLMBudgetExceeded(LLMError):
 class PackageInstallError(ClocheError):
     """Packages could not be installed into a session: refused by policy, unknown, no wheel
     for the sandbox, too large, or the index failed. The session is left as it was."""
+
+
+class TemplateError(ClocheError):
+    """A template can't be built, found or used."""
+
+
+class TemplateNotFound(TemplateError):
+    """No template of that name (never built, or deleted)."""
+
+    def __init__(self, name: str, why: str = "") -> None:
+        super().__init__(f"Template {name} not found{why}")
+        self.name = name
+
+
+class TemplateExists(TemplateError):
+    """A template of that name is ready or being built: delete it first."""
+
+
+class TemplateNotReady(TemplateError):
+    """The template is still being built; its sessions can start once it is ready."""
+
+
+class TemplateFailed(TemplateError):
+    """A template's build failed (or its record says it did): the message is the builder's
+    own line (skopeo's, umoci's, docker's, or cloche's refusal naming the member)."""
+
+
+class TemplateInUse(TemplateError):
+    """Live or paused sessions use the template: it can't be deleted until they end."""
+
+
+class TemplateRefused(TemplateError):
+    """A request about templates refused as it stands: a bad name, a source that is not
+    there or not offered, or the built-in template `python` (which can't be built over or
+    deleted)."""
 
 
 class SandboxError(ClocheError):

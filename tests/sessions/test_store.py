@@ -64,3 +64,18 @@ def test_one_server_per_data_dir_and_the_budget(tmp_path):
             first.reserve(101)
     finally:
         first.close()
+
+
+def test_the_budget_counts_sessions_and_snapshots_not_templates_beside_them(tmp_path):
+    root = tmp_path / "data"
+    (root / "templates" / "debian" / "rootfs").mkdir(parents=True)
+    (root / "templates" / "debian" / "rootfs" / "big").write_bytes(b"x" * 5000)
+    (root / "snapshots" / "s1").mkdir(parents=True)
+    (root / "snapshots" / "s1" / "image").write_bytes(b"x" * 300)
+    store = Store(root, budget_bytes=1000)
+    store.open()
+    try:
+        assert store.used_bytes == 300
+        store.reserve(700)
+    finally:
+        store.close()

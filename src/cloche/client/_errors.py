@@ -21,6 +21,7 @@ from cloche.errors import (
     LLMBudgetExceeded,
     LLMError,
     LLMUnavailable,
+    NotSupported,
     PackageInstallError,
     PathNotFound,
     PathRefused,
@@ -35,6 +36,12 @@ from cloche.errors import (
     SessionNotFound,
     SnapshotNotFound,
     StorageFull,
+    TemplateExists,
+    TemplateFailed,
+    TemplateInUse,
+    TemplateNotFound,
+    TemplateNotReady,
+    TemplateRefused,
     TooManyPausedSessions,
     TooManySessions,
     Unauthorized,
@@ -64,6 +71,12 @@ _BY_KIND: dict[str, type[ClocheError]] = {
     "egress_refused": EgressRefused,
     "forbidden": Forbidden,
     "too_many_paused_sessions": TooManyPausedSessions,
+    "template_exists": TemplateExists,
+    "template_not_ready": TemplateNotReady,
+    "template_failed": TemplateFailed,
+    "template_in_use": TemplateInUse,
+    "template_refused": TemplateRefused,
+    "not_supported": NotSupported,
 }
 
 
@@ -149,6 +162,8 @@ def error_for(
             return SnapshotNotFound(snapshot_id)
         if file_path is not None:
             return _with_message(PathNotFound(file_path), message)
+        if message.startswith("Template "):
+            return _with_message(TemplateNotFound(message.split()[1]), message)
     if status == 410 and kind == "lost" and session_id is not None:
         return _with_message(SessionLost(session_id), message)
     if status == 400 and kind == "invalid_request" and message.startswith("metadata"):

@@ -16,11 +16,12 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
 
+from cloche.client import templates as _templates
 from cloche.client._errors import error_for, translated
 from cloche.client._files import FileData, encode
 from cloche.client.execution import Execution
@@ -228,6 +229,56 @@ class AsyncClient:
         await self._request(
             "DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}", snapshot_id=snapshot_id
         )
+
+    # -- templates (`cloche.client.templates`; building and deleting take an admin's token) --
+
+    async def templates(self) -> list[dict[str, Any]]:
+        """Every template (the built-in `python` first), each its JSON record."""
+        return await _templates.list_all(self)
+
+    async def template(self, name: str) -> dict[str, Any]:
+        """One template's record: state, progress, the builder's lines. Raises
+        TemplateNotFound."""
+        return await _templates.get(self, name)
+
+    async def build_template(
+        self,
+        name: str,
+        *,
+        from_tar: str | None = None,
+        from_image: str | None = None,
+        dockerfile: str | None = None,
+        context: str | None = None,
+        upload: str | os.PathLike[str] | None = None,
+        kind: Literal["tar", "image"] = "tar",
+        wait: bool = False,
+        wait_timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Build a template: from one source on the server (from_tar, from_image as a REF,
+        or dockerfile with its context), or from a local file sent as the body (upload: a
+        root filesystem tarball with kind "tar", a `docker save` archive with kind "image").
+        Answers at once in state building, unless wait (then when ready).
+
+        Raises:
+            Forbidden: the token is not an admin's.
+            TemplateExists, TemplateRefused: see the server's message.
+            TemplateFailed: with wait, the build failed (the builder's last line).
+        """
+        built = await _templates.build(
+            self,
+            name,
+            from_tar=from_tar,
+            from_image=from_image,
+            dockerfile=dockerfile,
+            context=context,
+            upload=None if upload is None else os.fspath(upload),
+            kind=kind,
+        )
+        return await _templates.wait(self, name, wait_timeout_s) if wait else built
+
+    async def delete_template(self, name: str) -> None:
+        """Delete a template. Raises TemplateNotFound, TemplateInUse, Forbidden."""
+        await _templates.delete(self, name)
 
     async def run(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import signal
 import threading
 from collections.abc import Coroutine, Mapping
@@ -135,6 +136,45 @@ class Client:
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         self._loop.call(self._async.delete_snapshot(snapshot_id))
+
+    def templates(self) -> list[dict[str, Any]]:
+        """See `AsyncClient.templates`."""
+        return self._loop.call(self._async.templates())
+
+    def template(self, name: str) -> dict[str, Any]:
+        """See `AsyncClient.template`."""
+        return self._loop.call(self._async.template(name))
+
+    def build_template(
+        self,
+        name: str,
+        *,
+        from_tar: str | None = None,
+        from_image: str | None = None,
+        dockerfile: str | None = None,
+        context: str | None = None,
+        upload: str | os.PathLike[str] | None = None,
+        kind: Literal["tar", "image"] = "tar",
+        wait: bool = False,
+        wait_timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """See `AsyncClient.build_template`."""
+        building = self._async.build_template(
+            name,
+            from_tar=from_tar,
+            from_image=from_image,
+            dockerfile=dockerfile,
+            context=context,
+            upload=upload,
+            kind=kind,
+            wait=wait,
+            wait_timeout_s=wait_timeout_s,
+        )
+        return self._loop.call(building)
+
+    def delete_template(self, name: str) -> None:
+        """See `AsyncClient.delete_template`."""
+        self._loop.call(self._async.delete_template(name))
 
     def session(self, session_id: str) -> Session:
         """An existing session, by id. Raises SessionNotFound."""

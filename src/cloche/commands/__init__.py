@@ -1,5 +1,5 @@
 """The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, rlm,
-sessions, snapshots, nodes, tool-schema, mcp, bench.
+sessions, snapshots, templates, nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -9,10 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloche.commands import agents, bench, nodes, repl, rlm, run, serve, sessions, snapshots
+from cloche.commands import (
+    agents,
+    bench,
+    nodes,
+    repl,
+    rlm,
+    run,
+    serve,
+    sessions,
+    snapshots,
+    templates,
+)
 
 
 def add_commands(subparsers: Any) -> None:
     """Register the commands on the `cloche` parser's subparsers."""
-    for module in (serve, run, repl, rlm, sessions, snapshots, nodes, agents, bench):
+    for module in (serve, run, repl, rlm, sessions, snapshots, templates, nodes, agents, bench):
         module.add(subparsers)

@@ -77,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     for flag, value in (
         ("--events-buffer", args.events_buffer),
         ("--webhook-retry", args.webhook_retry),
+        ("--template-max-mib", args.template_max_mib),
     ):
         if not value > 0:  # NaN too
             raise ConfigError(f"{flag} must be a positive number, not {value}")
@@ -125,6 +126,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         webhooks=tuple(args.webhook),
         webhook_secret=args.webhook_secret,
         webhook_retry_s=args.webhook_retry,
+        templates_dir=args.templates_dir,
+        template_max_mib=args.template_max_mib,
+        no_root=args.no_root,
     )
 
 

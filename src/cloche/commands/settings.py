@@ -173,6 +173,18 @@ SERVE_OPTIONS = (
     ),
     Option("--data-max-mib", int, _config.data_max_mib, "disk budget of --data-dir, MiB"),
     Option(
+        "--templates-dir",
+        Path,
+        None,
+        "where templates are built and kept (root-only) [default: <--data-dir>/templates]",
+    ),
+    Option(
+        "--template-max-mib",
+        int,
+        _config.template_max_mib,
+        "largest tarball or image uploaded as a template build's body, MiB",
+    ),
+    Option(
         "--max-paused-sessions",
         int,
         _config.max_paused_sessions,
@@ -400,6 +412,13 @@ def add_settings(parser: argparse.ArgumentParser) -> None:
         default=[u for u in os.environ.get("CLOCHE_WEBHOOK", "").split(",") if u],
         help="POST every event to this URL, signed with --webhook-secret (repeatable) "
         "[env CLOCHE_WEBHOOK, comma-separated]",
+    )
+    parser.add_argument(
+        "--no-root",
+        action="store_true",
+        default=_flag(os.environ.get("CLOCHE_NO_ROOT", "no")),
+        help="no command runs as root inside a sandbox (a request for it is a 403): nothing "
+        "there ever has uid 0 [env CLOCHE_NO_ROOT]",
     )
     parser.add_argument(
         "--cluster-insecure",

@@ -62,7 +62,8 @@ class LiveSessions(SessionManager):
         templates: TemplateSystems | None = None,
     ) -> None:
         self.config = config
-        self.templates = templates  # the templates sessions may be made of, beside python
+        # The templates sessions may be made of, beside python (`templates()` is a verb)
+        self.template_systems = templates
         self.egress = egress  # the server's egress policies
         self.doors = SessionDoors(egress)  # the sessions' ways out, by session id
         self.backend = backend
@@ -129,9 +130,9 @@ class LiveSessions(SessionManager):
         Raises:
             TemplateNotFound, TemplateNotReady, TemplateFailed: it can't serve.
         """
-        if self.templates is None:
+        if self.template_systems is None:
             raise UnknownProfile(f"no template {template!r} here: this server has python alone")
-        return self.templates.system(template)
+        return self.template_systems.system(template)
 
     def profiles(self) -> list[dict[str, Any]]:
         """Every profile with its state and packages (blocking: reads runtimes' listings)."""

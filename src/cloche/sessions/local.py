@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import logging
 import os
 import time
+from collections.abc import AsyncIterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from cloche.config import MIB
 from cloche.errors import (
     ClocheError,
 )
+from cloche.sandbox.images import TemplateInfo, TemplateSource
+from cloche.sandbox.layers import System
 from cloche.sessions.moving import MovableSessions
 from cloche.sessions.session import Session
 from cloche.sessions.store import RecordState, SessionRecord
-
-if TYPE_CHECKING:
-    pass
+from cloche.sessions.templates import Templates
 
 log = logging.getLogger("cloche.session")
 
@@ -35,11 +37,48 @@ class LocalSessionManager(MovableSessions):
     """Sessions held in this process, each in its own sandbox from `backend`; paused ones
     and snapshots on disk under --data-dir (see `LiveSessions`)."""
 
+    @functools.cached_property
+    def template_catalog(self) -> Templates:
+        """The templates of this machine (--templates-dir)."""
+        return Templates(
+            self.config.templates_root, self.uses_template, self.config.template_max_mib * MIB
+        )
+
+    def uses_template(self, name: str) -> bool:
+        """Whether a live or paused session was made from the template."""
+        return any(s.template == name for s in self._sessions.values())
+
+    async def templates(self) -> builtins.list[TemplateInfo]:
+        return self.template_catalog.list()
+
+    async def template(self, name: str) -> TemplateInfo:
+        return self.template_catalog.get(name)
+
+    async def build_template(
+        self,
+        name: str,
+        source: TemplateSource,
+        upload: AsyncIterable[bytes] | None = None,
+    ) -> TemplateInfo:
+        return await self.template_catalog.build(name, source, upload)
+
+    async def delete_template(self, name: str) -> None:
+        self.template_catalog.check_deletable(name)
+        await self.profile_pools.drop_template(name)  # its warm sandboxes sit on its rootfs
+        await self.template_catalog.delete(name)
+
+    def _system_of(self, template: str) -> System:
+        """A template of this machine's catalogue (unless the manager was given others)."""
+        if self.template_systems is not None:
+            return super()._system_of(template)
+        return self.template_catalog.system(template)
+
     async def start(self) -> None:
         await asyncio.to_thread(self.backend.prepare)
         try:
             await asyncio.to_thread(self.store.open)
             crashed, resumable = await asyncio.to_thread(self._load)
+            await self.template_catalog.open()  # once the data dir is ours (its lock)
         except BaseException:
             await asyncio.to_thread(self.backend.shutdown)
             raise
@@ -135,6 +174,7 @@ class LocalSessionManager(MovableSessions):
 
         await asyncio.gather(
             self.profile_pools.close(),
+            self.template_catalog.close(),
             *(keep(s) for s in live),
             return_exceptions=True,
         )

@@ -20,7 +20,15 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
 from typing import Any
 
-from cloche.errors import InvalidEnvironment, InvalidMetadata, NodeNotFound, PackageInstallError
+from cloche.errors import (
+    InvalidEnvironment,
+    InvalidMetadata,
+    NodeNotFound,
+    NotSupported,
+    PackageInstallError,
+    TemplateNotFound,
+)
+from cloche.sandbox.images import TemplateInfo, TemplateSource
 from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ProcessVerbs
 from cloche.sessions.doors import EgressAsk
@@ -29,6 +37,7 @@ from cloche.sessions.kernel import EventCallback
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
 from cloche.sessions.store import SnapshotRecord
+from cloche.sessions.templates import BUILT_IN, python_template
 
 __all__ = ["EgressAsk", "InstalledPackages", "SessionManager", "new_session_id"]
 
@@ -37,6 +46,10 @@ READ_PIECE_BYTES = 1 << 20  # a file is read for a download in pieces of this si
 METADATA_MAX_PAIRS = 32
 METADATA_MAX_BYTES = 4096  # keys and values together, UTF-8
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TEMPLATES_HERE_ONLY = (
+    "templates are built per machine and not yet offered over a cluster (--cluster); "
+    "build and use them on a server without --cluster"
+)
 
 
 def new_session_id() -> str:
@@ -429,3 +442,47 @@ class SessionManager(ProcessVerbs, abc.ABC):
     async def undrain(self, node_id: str) -> dict[str, Any]:
         """Return a draining node to service. Raises NodeNotFound."""
         raise NodeNotFound("this server is not a cluster (start it with --cluster)")
+
+    # -- templates: a cluster offers only the built-in `python` ------------------------------
+
+    async def templates(self) -> builtins.list[TemplateInfo]:
+        """Every template: the built-in `python`, then those built here, by name."""
+        return [python_template()]
+
+    async def template(self, name: str) -> TemplateInfo:
+        """One template's record (state, progress, the builder's lines on failure).
+
+        Raises:
+            TemplateNotFound: no template of that name.
+        """
+        if name == BUILT_IN:
+            return python_template()
+        raise TemplateNotFound(name, f": {_TEMPLATES_HERE_ONLY}")
+
+    async def build_template(
+        self,
+        name: str,
+        source: TemplateSource,
+        upload: AsyncIterable[bytes] | None = None,
+    ) -> TemplateInfo:
+        """Start building a template from source; its record at once, in state building.
+        With upload, the source's file is those bytes (a tarball, or a docker-archive for
+        kind "image"), up to --template-max-mib.
+
+        Raises:
+            TemplateRefused: a bad name, the built-in's, a source that is not there.
+            TemplateExists: one of that name is ready or being built (delete it first).
+            NotSupported: this server builds no templates (a cluster).
+        """
+        raise NotSupported(_TEMPLATES_HERE_ONLY)
+
+    async def delete_template(self, name: str) -> None:
+        """Delete a template (a build under way is stopped).
+
+        Raises:
+            TemplateNotFound: no template of that name.
+            TemplateInUse: live or paused sessions use it.
+            TemplateRefused: the built-in `python`.
+            NotSupported: this server builds no templates (a cluster).
+        """
+        raise NotSupported(_TEMPLATES_HERE_ONLY)

@@ -121,7 +121,9 @@ class Store:
                 "each server its own --data-dir"
             ) from None
         self._lock_fd = fd
-        self.used_bytes = _du(self.root)
+        # What the budget bounds: paused sessions and snapshots (not the templates built
+        # beside them, nor the egress audit).
+        self.used_bytes = _du(self.sessions) + _du(self.snapshots)
 
     def close(self) -> None:
         if self._lock_fd is not None:

@@ -28,6 +28,7 @@ from cloche.server.http import (
     profiles,
     sessions,
     snapshots,
+    templates,
     terminals,
     terrarium,
 )
@@ -74,6 +75,7 @@ def create_app(
     app.include_router(context.router)
     app.include_router(packages.router)
     app.include_router(profiles.router)
+    app.include_router(templates.router)
     app.include_router(chat.router)
     app.include_router(cluster.router)
     app.include_router(events.router)
@@ -99,6 +101,7 @@ def create_app(
         larger=[
             (context.PATH, config.limits.disk_mib * MIB),
             (sessions.UPLOAD_PATH, config.limits.disk_mib * MIB),
+            (templates.UPLOAD_PATH, config.template_max_mib * MIB),
         ],
     )
     return app

@@ -38,6 +38,12 @@ from cloche.errors import (
     SessionNotFound,
     SnapshotNotFound,
     StorageFull,
+    TemplateExists,
+    TemplateFailed,
+    TemplateInUse,
+    TemplateNotFound,
+    TemplateNotReady,
+    TemplateRefused,
     TooManyPausedSessions,
     TooManySessions,
     Unauthorized,
@@ -78,6 +84,12 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (LLMBudgetExceeded, 429, "llm_budget"),
     (LLMError, 502, "llm_error"),
     (PackageInstallError, 422, "package_install"),
+    (TemplateNotFound, 404, "not_found"),
+    (TemplateExists, 409, "template_exists"),
+    (TemplateNotReady, 409, "template_not_ready"),
+    (TemplateFailed, 409, "template_failed"),
+    (TemplateInUse, 409, "template_in_use"),
+    (TemplateRefused, 400, "template_refused"),
 )
 
 
