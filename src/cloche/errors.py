@@ -38,7 +38,7 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── InvalidMetadata         a session's metadata of the wrong shape or too large
     │   ├── InvalidEnvironment      a session's env of the wrong shape or too large
     │   ├── NotSupported            this server (a cluster's front end, say) does not offer that
-    │   ├── CommandFailed           a command or terminal could not be started or reached
+    │   ├── ProcessError            a command or terminal could not be started or reached
     │   │   └── ProcessNotFound     no running process of that pid in the session
     │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
     │   ├── CheckpointFailed        a session could not be saved (it keeps running)
@@ -246,12 +246,12 @@ class NotSupported(SessionError):
     without it); the message says what is."""
 
 
-class CommandFailed(SessionError):
+class ProcessError(SessionError):
     """A command or terminal could not be started or reached: no such user or directory,
     a program that can't run, a process supervisor that is gone; the message says which."""
 
 
-class ProcessNotFound(CommandFailed):
+class ProcessNotFound(ProcessError):
     """No running process of that pid in the session (it ended, or never was)."""
 
 

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloche.errors import CommandFailed, Forbidden, NotSupported
+from cloche.errors import ProcessError, Forbidden, NotSupported
 from cloche.sessions.processes import Event, Exit, Output, ProcessTable, Watcher
 
 DEFAULT_TIMEOUT_S = 60.0  # a foreground command's, as E2B's; 0: none
@@ -161,7 +161,7 @@ class Commands:
 
         Raises:
             Forbidden: root asked of a server with --no-root.
-            CommandFailed: a spec that can't be run (too large).
+            ProcessError: a spec that can't be run (too large).
         """
         user = spec.user or sandbox.user
         if user == "root" and not (self.root_allowed and sandbox.root_inside):
@@ -182,7 +182,7 @@ class Commands:
             merged.setdefault("TERM", "xterm-256color")
         size = sum(len(a) for a in argv) + sum(len(k) + len(v) for k, v in merged.items())
         if size > MAX_ARGS_BYTES:
-            raise CommandFailed(
+            raise ProcessError(
                 f"the command and its environment hold {size} bytes, over {MAX_ARGS_BYTES}"
             )
         return {
@@ -297,7 +297,7 @@ class Commands:
 
 
 async def _kill(table: ProcessTable, pid: int) -> None:
-    with contextlib.suppress(CommandFailed):  # ended meanwhile, or the sandbox is gone
+    with contextlib.suppress(ProcessError):  # ended meanwhile, or the sandbox is gone
         await table.request("proc.kill", pid=pid)
 
 
@@ -305,7 +305,7 @@ def signal_number(name: str | int) -> int:
     """A signal by name (SIGTERM, TERM) or number.
 
     Raises:
-        CommandFailed: no such signal.
+        ProcessError: no such signal.
     """
     if isinstance(name, int) and not isinstance(name, bool):
         number = name
@@ -315,9 +315,9 @@ def signal_number(name: str | int) -> int:
         try:
             number = int(signal.Signals[text])
         except KeyError:
-            raise CommandFailed(f"no signal {name!r} (e.g. SIGTERM, SIGKILL, SIGINT)") from None
+            raise ProcessError(f"no signal {name!r} (e.g. SIGTERM, SIGKILL, SIGINT)") from None
     if not 0 < number < signal.NSIG:
-        raise CommandFailed(f"no signal {name!r}")
+        raise ProcessError(f"no signal {name!r}")
     return number
 
 
@@ -353,7 +353,7 @@ class ProcessVerbs(abc.ABC):  # noqa: B024  # every verb has a default: it says 
 
         Raises:
             Forbidden: root asked of a server with --no-root.
-            CommandFailed: it could not be started (no such user, directory, ...).
+            ProcessError: it could not be started (no such user, directory, ...).
         """
         raise NotSupported(_NOT_HERE)
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloche.errors import CommandFailed, InvalidMessage, ProcessNotFound
+from cloche.errors import ProcessError, InvalidMessage, ProcessNotFound
 
 RECENT_ENDS = 256  # ended processes whose end is remembered, for a late wait
 REQUEST_TIMEOUT_S = 30.0  # the supervisor answers at once; past this it is stuck
@@ -113,12 +113,12 @@ class ProcessTable:
         very first output.
 
         Raises:
-            CommandFailed: the supervisor refused (its reason), or the sandbox is gone.
+            ProcessError: the supervisor refused (its reason), or the sandbox is gone.
         """
         reply = await self.request("proc.start", _watchers=watchers, **fields)
         pid = reply.get("pid")
         if type(pid) is not int:
-            raise CommandFailed("the sandbox's process supervisor answered without a pid")
+            raise ProcessError("the sandbox's process supervisor answered without a pid")
         return pid, list(reply.get("_watchers") or [])
 
     async def request(self, op: str, _watchers: int = 0, **fields: Any) -> dict[str, Any]:
@@ -126,10 +126,10 @@ class ProcessTable:
 
         Raises:
             ProcessNotFound: the process named is not running.
-            CommandFailed: the supervisor refused (its reason), or the sandbox is gone.
+            ProcessError: the supervisor refused (its reason), or the sandbox is gone.
         """
         if self.lost_why is not None:
-            raise CommandFailed(self.lost_why)
+            raise ProcessError(self.lost_why)
         rid = next(self._rids)
         answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._asked[rid] = answer
@@ -139,7 +139,7 @@ class ProcessTable:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 reply = await answer
         except TimeoutError:
-            raise CommandFailed(
+            raise ProcessError(
                 f"the sandbox's process supervisor did not answer {op} in {REQUEST_TIMEOUT_S:g} s"
             ) from None
         finally:
@@ -149,7 +149,7 @@ class ProcessTable:
         if isinstance(error, str):
             if "is not running" in error:
                 raise ProcessNotFound(error)
-            raise CommandFailed(error)
+            raise ProcessError(error)
         return reply
 
     def watch(self, pid: int) -> Watcher:

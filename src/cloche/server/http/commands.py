@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from cloche.errors import ClocheError, CommandFailed
+from cloche.errors import ClocheError, ProcessError
 from cloche.server.http.auth import owner_of
 from cloche.server.http.models import ErrorBody
 from cloche.server.jsonbody import JSONBody, json_text
@@ -192,7 +192,7 @@ async def stdin(
     try:
         data = base64.b64decode(body.data, validate=True) if body.encoding == "base64" else b""
     except (binascii.Error, ValueError):
-        raise CommandFailed("data is not valid base64") from None
+        raise ProcessError("data is not valid base64") from None
     if body.encoding == "utf-8":
         data = body.data.encode()
     await _manager(request).command_input(session_id, pid, data, eof=body.eof, owner=owner)
