@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloche.errors import ProcessError, Forbidden, NotSupported
+from cloche.errors import Forbidden, NotSupported, ProcessError
 from cloche.sessions.processes import Event, Exit, Output, ProcessTable, Watcher
 
 DEFAULT_TIMEOUT_S = 60.0  # a foreground command's, as E2B's; 0: none

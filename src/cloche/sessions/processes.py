@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloche.errors import ProcessError, InvalidMessage, ProcessNotFound
+from cloche.errors import InvalidMessage, ProcessError, ProcessNotFound
 
 RECENT_ENDS = 256  # ended processes whose end is remembered, for a late wait
 REQUEST_TIMEOUT_S = 30.0  # the supervisor answers at once; past this it is stuck
