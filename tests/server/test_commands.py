@@ -238,3 +238,47 @@ def test_bad_commands_get_clear_errors(http, session):
         assert words in reply.json()["error"]["message"], reply.text
     unknown = http.post("/v1/sessions/no-such-session/commands", json={"cmd": "true"})
     assert unknown.status_code == 404
+
+
+def test_background_commands_come_back_with_a_resumed_session_and_in_forks(http, session):
+    pid = http.post(
+        f"/v1/sessions/{session}/commands",
+        json={
+            "cmd": "while :; do date +%s%N >> ticks; sleep 0.05; done",
+            "background": True,
+            "tag": "ticker",
+        },
+    ).json()["pid"]
+    assert http.post(f"/v1/sessions/{session}/pause").status_code == 200
+    assert http.get(f"/v1/sessions/{session}").json()["state"] == "paused"
+    listed = http.get(f"/v1/sessions/{session}/commands").json()["commands"]  # resumes it
+    assert [(c["pid"], c["tag"]) for c in listed] == [(pid, "ticker")]
+
+    def ticks(where: str) -> int:
+        return len(http.get(f"/v1/sessions/{where}/files/ticks").content.splitlines())
+
+    before = ticks(session)
+    wait_until(lambda: ticks(session) > before)  # it runs on after the resume
+    copies = http.post(f"/v1/sessions/{session}/fork", json={"count": 1}).json()["sessions"]
+    copy = copies[0]["id"]
+    try:
+        listed = http.get(f"/v1/sessions/{copy}/commands").json()["commands"]
+        assert [(c["pid"], c["tag"]) for c in listed] == [(pid, "ticker")]
+        before = ticks(copy)
+        wait_until(lambda: ticks(copy) > before)
+        assert http.delete(f"/v1/sessions/{copy}/commands/{pid}").status_code == 204
+        wait_until(lambda: http.get(f"/v1/sessions/{copy}/commands").json()["commands"] == [])
+        # The original's goes on: the copy's kill was the copy's.
+        assert [
+            c["pid"] for c in http.get(f"/v1/sessions/{session}/commands").json()["commands"]
+        ] == [pid]
+    finally:
+        http.delete(f"/v1/sessions/{copy}")
+    # Its end is in the original's history once killed there.
+    assert http.delete(f"/v1/sessions/{session}/commands/{pid}").status_code == 204
+
+    def recorded() -> bool:
+        cells = http.get(f"/v1/sessions/{session}/cells").json()["cells"]
+        return any(c["kind"] == "command" and c["code"].startswith("while") for c in cells)
+
+    wait_until(recorded)
