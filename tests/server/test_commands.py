@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from support import ServerThread, make_config, require_gvisor, sse_events
 
@@ -282,3 +283,28 @@ def test_background_commands_come_back_with_a_resumed_session_and_in_forks(http,
         return any(c["kind"] == "command" and c["code"].startswith("while") for c in cells)
 
     wait_until(recorded)
+
+
+def command_ends(http: httpx.Client, reason: str) -> float:
+    """cloche_command_ends_total{end_reason=reason}, summed over nodes (a cluster's)."""
+    total = 0.0
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for sample in family.samples:
+            if (
+                sample.name == "cloche_command_ends_total"
+                and sample.labels.get("end_reason") == reason
+            ):
+                total += sample.value
+    return total
+
+
+def test_command_ends_are_counted_by_reason(http, session):
+    before = command_ends(http, "error"), command_ends(http, "timeout")
+    run(http, session, cmd="exit 9")
+    run(http, session, cmd="sleep 30", timeout=0.5)
+    wait_until(
+        lambda: (
+            (command_ends(http, "error"), command_ends(http, "timeout"))
+            == (before[0] + 1, before[1] + 1)
+        )
+    )
