@@ -89,7 +89,7 @@ def test_bash_cell(tcp, shared):
 
 def test_python_values_expand_in_commands(tcp, shared):
     reply = ok(tcp, "name = 'sandbox'\nn = 20\n!echo $name {n + 1} $((n)) '$name' $$HOME", shared)
-    assert reply["output"] == "sandbox 21 0 $name /work\n"  # $((n)): the shell's n
+    assert reply["output"] == "sandbox 21 0 $name /home/user\n"  # $((n)): the shell's n
 
 
 def test_time_and_timeit(tcp, shared):
@@ -151,7 +151,12 @@ def test_a_traceback_names_the_users_line(tcp, shared):
     assert "ZeroDivisionError" in reply["error"]
 
 
-OTHER_PROCESSES = "[p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]"
+# The sandbox's processes but the kernel and its process supervisor (a fork of it: the same
+# command line).
+OTHER_PROCESSES = (
+    "[p for p in os.listdir('/proc') if p.isdigit() and "
+    "open(f'/proc/{p}/cmdline', 'rb').read() != open('/proc/self/cmdline', 'rb').read()]"
+)
 
 
 def test_a_command_over_the_timeout_is_killed_and_the_session_goes_on(tcp):

@@ -47,7 +47,7 @@ class BrokenStartBackend(GVisorBackend):
 
     def prepare(self) -> None:
         super().prepare()
-        self.python = "/nonexistent/python3"
+        self.interpreters.python = "/nonexistent/python3"
 
 
 def test_a_sandbox_that_fails_to_start_is_retried_then_reported(state_root):
