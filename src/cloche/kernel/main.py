@@ -21,6 +21,7 @@ from .channel import Channel
 from .display import as_json, mime_bundle
 from .executor import Executor, format_error
 from .figures import FigureCapture
+from .fonts import link_font_list
 from .llm import Bridge
 from .pip import Pip
 from .stdin import Prompter
@@ -141,6 +142,7 @@ def _json_size(value: Any) -> float:
 
 
 def main() -> None:
+    link_font_list()
     channel = Channel.take_stdio()
     kernel = Kernel(channel)
     try:
