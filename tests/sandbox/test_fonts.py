@@ -12,7 +12,7 @@ import pytest
 from cloche.config import Limits
 from cloche.sandbox import fonts
 from cloche.sessions.result import CellStatus
-from support import RUNTIME_DIR, ServerThread, make_config, require_gvisor
+from support import NEVER_BEHIND_SLICE_S, RUNTIME_DIR, ServerThread, make_config, require_gvisor
 
 # What matplotlib logs as it loads its font list, a plot drawn with text, and where the
 # list the session read lives.
@@ -43,7 +43,8 @@ print(json.dumps({
 def server(state_root) -> Iterator[ServerThread]:
     require_gvisor()
     limits = Limits(cell_timeout_s=300.0, interrupt_grace_s=1.0)  # a loaded machine
-    with ServerThread(make_config(state_root, pool_size=1, limits=limits)) as running:
+    config = make_config(state_root, pool_size=1, limits=limits, cell_slice_s=NEVER_BEHIND_SLICE_S)
+    with ServerThread(config) as running:
         yield running
 
 
