@@ -158,3 +158,15 @@ def test_an_ipv6_machine_counts_as_its_64_and_a_mapped_ipv4_as_itself():
     assert limiter.check("2001:db8:1:2:ffff::9") is not None
     assert limiter.check("2001:db8:1:3::1") is None
     assert address_key("::ffff:192.0.2.7") == "192.0.2.7"
+
+
+def test_reaching_a_limit_is_logged_with_the_address(caplog):
+    limiter, _ = throttle(everyone=4)
+    with caplog.at_level("WARNING", logger="cloche.ui"):
+        for _ in range(3):
+            limiter.refused("192.0.2.1")
+        limiter.refused("192.0.2.2")
+    assert [r.getMessage() for r in caplog.records] == [
+        "inspector sign-in: 3 wrong tokens from 192.0.2.1 in 60 s; its sign-ins wait",
+        "inspector sign-in: 4 wrong tokens in 60 s; every sign-in waits",
+    ]

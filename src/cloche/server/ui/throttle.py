@@ -12,17 +12,20 @@ IPv6 addresses count by /64, what one machine is usually given. Memory is bounde
 `MAX_ADDRESSES` addresses are remembered (the least recently refused go first; the
 server-wide count still holds the guesses of those forgotten), each with at most
 `PER_ADDRESS` times, and an address whose refusals have all left the window is forgotten.
+Reaching a limit is logged (a warning, naming the address).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+log = logging.getLogger("cloche.ui")
 WINDOW_S = 600.0  # a refusal counts this long
 PER_ADDRESS = 10  # refusals of one address (an IPv6 /64) in the window
 EVERYONE = 100  # refusals of all addresses in the window
@@ -103,6 +106,19 @@ class SignInThrottle:
         mine.append(now)
         self._by_address[key] = mine  # the most recent last
         self._all.append(now)
+        if len(mine) == self.per_address:  # once per refusal that fills it: rare
+            log.warning(
+                "inspector sign-in: %d wrong tokens from %s in %g s; its sign-ins wait",
+                len(mine),
+                key,
+                self.window_s,
+            )
+        if len(self._all) == self.everyone:
+            log.warning(
+                "inspector sign-in: %d wrong tokens in %g s; every sign-in waits",
+                len(self._all),
+                self.window_s,
+            )
 
     def _forget(self, now: float) -> float:
         """Drop the refusals counted in all, and the addresses, that have left the window
