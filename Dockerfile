@@ -43,6 +43,9 @@ RUN apt-get update -qq \
     && rm -rf /var/lib/apt/lists/* /tmp/install.sh
 COPY --from=build /opt/cloche/.runtime /opt/cloche/.runtime
 COPY --from=build /opt/cloche/.venv /opt/cloche/.venv
+# matplotlib's font list, built as the sandboxes see this stage's fonts (cloche.sandbox.fonts):
+# a session's first plot reads it instead of scanning every font.
+RUN /opt/cloche/.venv/bin/python -m cloche.sandbox.fonts /opt/cloche/.runtime/site-packages
 ENV PATH=/opt/cloche/.venv/bin:$PATH \
     CLOCHE_HOST=0.0.0.0 \
     CLOCHE_RUNTIME_DIR=/opt/cloche/.runtime/site-packages \

@@ -156,6 +156,16 @@ install_runtime() {
         .venv/bin/python -m pip install -q --target .runtime/site-packages -r runtime-requirements.txt
         stamp_write .runtime/.installed runtime-requirements.txt
     fi
+    # matplotlib's font list, built once as sandboxes see fonts (cloche.sandbox.fonts), so
+    # a session's first plot does not scan every font; again when a font directory changed.
+    local fonts=.runtime/site-packages/.cloche/matplotlib
+    if [ -d .runtime/site-packages/matplotlib ] && {
+        ! compgen -G "$fonts/fontlist-*.json" >/dev/null ||
+            [ -n "$(find /usr/share/fonts /usr/local/share/fonts -newer "$fonts" -print -quit 2>/dev/null)" ]
+    }; then
+        say "building matplotlib's font list for the sandboxes"
+        .venv/bin/python -m cloche.sandbox.fonts .runtime/site-packages >/dev/null
+    fi
 }
 
 # The container image's tests (tests/deploy, marker docker) need a Docker engine; they start

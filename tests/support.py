@@ -26,6 +26,29 @@ REPO = Path(__file__).resolve().parent.parent
 RUNTIME_DIR = REPO / ".runtime" / "site-packages"
 
 
+# A slice no cell outlasts (--cell-slice): no cell goes behind the host's processes (the
+# top-level cloche-behind/ group), where a busy test machine leaves it no CPU at all: a lean
+# session's first plot beside three CPU hogs timed out at 300 s behind the host, and took
+# 1.6-2.3 s level with it. For tests about what cells produce, not about where they run.
+NEVER_BEHIND_SLICE_S = 1e9
+
+# What `%time` and `%timeit` print (cloche.kernel.timing, in IPython's words): a duration as
+# format_time writes it (%.3g: an exponent for the tiny stdev of equal runs).
+TIME = r"\d+(\.\d+)?(e[+-]\d+)? (s|ms|μs|ns)"
+
+
+def timeit_printed(runs: str, loops: str) -> str:
+    """A pattern of all that `%timeit` prints: its summary, after IPython's warning when a
+    run took over 4x the fastest and before the compile time when over 0.1 s (lines that a
+    busy machine brings on, each in its exact words)."""
+    slowest = (
+        r"(The slowest run took \d+\.\d\d times longer than the fastest\. "
+        r"This could mean that an intermediate result is being cached\.\n)?"
+    )
+    summary = rf"{TIME} ± {TIME} per loop \(mean ± std\. dev\. of {runs}, {loops} each\)\n"
+    return rf"{slowest}{summary}(Compiler time: \d+\.\d\d s\n)?"
+
+
 def gvisor_usable() -> bool:
     return os.geteuid() == 0 and shutil.which("runsc") is not None
 

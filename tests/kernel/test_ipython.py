@@ -20,6 +20,7 @@ from cloche.kernel.ipython import SHELL, translate
 from cloche.kernel.pip import FUNCTION as PIP
 from cloche.kernel.shell import SList
 from cloche.kernel.timing import format_time
+from support import TIME, timeit_printed
 
 # -- translation -------------------------------------------------------------------------
 
@@ -313,9 +314,6 @@ def test_env_hides_secrets_when_listing(executor, monkeypatch):
     assert run(executor, "%env CLOCHE_TEST_TOKEN") == "s3cret"
 
 
-TIME = r"\d+(\.\d+)? (s|ms|μs|ns)"
-
-
 def test_time_prints_cpu_and_wall_time_and_gives_the_value(executor, capsys):
     assert run(executor, "%time sum(range(10))") == 45
     out = capsys.readouterr().out
@@ -326,14 +324,26 @@ def test_time_prints_cpu_and_wall_time_and_gives_the_value(executor, capsys):
     assert "Wall time" in capsys.readouterr().out
 
 
+def test_timeit_warns_when_the_slowest_run_took_over_four_times_the_fastest(executor, capsys):
+    run(executor, "import time\nslept = []")
+    run(executor, "%timeit -n 1 -r 5 slept or slept.append(time.sleep(0.2))")  # the first run
+    out = capsys.readouterr().out
+    warning, summary = out.splitlines()
+    assert re.fullmatch(
+        r"The slowest run took \d+\.\d\d times longer than the fastest\. "
+        r"This could mean that an intermediate result is being cached\.",
+        warning,
+    ), out
+    assert re.fullmatch(timeit_printed("5 runs", "1 loop"), f"{summary}\n"), out
+
+
 def test_timeit_prints_ipythons_summary(executor, capsys):
     run(executor, "%timeit -n 3 -r 2 sum(range(10))")
     out = capsys.readouterr().out
-    summary = rf"{TIME} ± {TIME} per loop \(mean ± std. dev. of 2 runs, 3 loops each\)\n"
-    assert re.fullmatch(summary, out), out
+    assert re.fullmatch(timeit_printed("2 runs", "3 loops"), out), out
     run(executor, "%%timeit -n 1000 -r 1 data = list(range(100))\nsorted(data)")
     out = capsys.readouterr().out
-    assert re.search(r"per loop \(mean ± std. dev. of 1 run, 1,000 loops each\)\n$", out), out
+    assert re.fullmatch(timeit_printed("1 run", "1,000 loops"), out), out
     result = run(executor, "%timeit -q -o -n 2 -r 3 !true")
     assert capsys.readouterr().out == ""
     assert (result.loops, result.repeat, len(result.all_runs)) == (2, 3, 3)

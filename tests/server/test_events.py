@@ -488,3 +488,22 @@ def test_stopping_the_server_ends_open_streams(make_server):
             while True:
                 events.frame()
         stopper.result(120)
+
+
+def test_a_fork_is_told_as_forked_with_the_original_and_its_copies(guarded):
+    with client_of(guarded, T1) as http, stream(http) as events:
+        original = http.post("/v1/sessions").json()["id"]
+        forked = http.post(f"/v1/sessions/{original}/fork", json={"count": 2}, timeout=180)
+        assert forked.status_code == 201, forked.text
+        copies = [copy["id"] for copy in forked.json()["sessions"]]
+        seen = events.until(of_session(original, "session.forked"), deadline_s=120)
+        for session_id in [original, *copies]:
+            assert http.delete(f"/v1/sessions/{session_id}").status_code == 204
+    told = seen[-1]["data"]
+    assert told["owner"] == owner_key("t1")[:8]
+    assert told["data"]["copies"] == copies
+    assert told["data"]["profile"] == "lean"
+    # The copies are new sessions too, each told once as created, from the original.
+    made = [f["data"] for f in seen if f["event"] == "session.created"]
+    assert [e["session_id"] for e in made if e["session_id"] in copies] == copies
+    assert all(e["data"]["forked_from"] == original for e in made if e["session_id"] in copies)

@@ -18,7 +18,8 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 
-from support import ServerThread, make_config, require_gvisor
+from cloche.config import Limits
+from support import NEVER_BEHIND_SLICE_S, ServerThread, make_config, require_gvisor
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e .[dev]")
 expect = playwright_api.expect
@@ -44,6 +45,10 @@ def guarded(state_root) -> Iterator[ServerThread]:
         tokens=frozenset({ALPHA, BETA}),
         admin_tokens=frozenset({ADMIN}),
         pool_size=2,
+        # No test here is about time limits nor CPU placement: a cell has as long as the page
+        # is waited for, level with the host's processes (support.NEVER_BEHIND_SLICE_S).
+        limits=Limits(cell_timeout_s=WAIT_MS / 1000, interrupt_grace_s=1.0),
+        cell_slice_s=NEVER_BEHIND_SLICE_S,
     )
     with ServerThread(config) as running:
         yield running

@@ -22,6 +22,7 @@ from .channel import Channel
 from .display import as_json, mime_bundle
 from .executor import Executor, format_error
 from .figures import FigureCapture
+from .fonts import link_font_list
 from .llm import Bridge
 from .pip import Pip
 from .router import Router, drop_privileges
@@ -174,6 +175,7 @@ def start_supervisor() -> socket.socket | None:
 
 
 def main() -> None:
+    link_font_list()
     channel = Channel.take_stdio()
     supervisor = start_supervisor()
     kernel = Kernel(channel)

@@ -188,10 +188,14 @@ class CopyableSessions(DurableSessions):
                     await self.doors.open(copy, session.egress)
             for copy in made:  # each copy's processes go on, its own
                 await self._follow_running(copy)
-            self.observer.forked(count, time.perf_counter() - started)
-            for copy in made:
-                data = {"from": session.id, "profile": copy.profile, "metadata": copy.metadata}
-                self._tell("session.forked", copy, data)
+            seconds = time.perf_counter() - started
+            self.observer.forked(count, seconds)
+            for copy in made:  # a copy is a new session: its life starts as every other's
+                data = {"profile": copy.profile, "metadata": copy.metadata}
+                self._tell("session.created", copy, {**data, "forked_from": session.id})
+            copies = [copy.id for copy in made]
+            told = {"copies": copies, "profile": session.profile, "seconds": round(seconds, 3)}
+            self._tell("session.forked", session, told)
             log.info("fork session=%s copies=%s", session_id, ",".join(s.id for s in made))
             return [s.info() for s in made]
         except BaseException:

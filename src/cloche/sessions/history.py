@@ -9,10 +9,11 @@ snapshotted or moved (`HISTORY_FILE`), copied to a fork's copies.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,14 @@ class CellEntry:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
-        """About how many bytes it holds."""
-        return len(json.dumps(self.to_json(), default=str))
+        """About how many bytes it holds: its JSON's length, counted once (on every cell, as
+        it is kept and again as it is let go; `asdict` would copy it deeply each time)."""
+        return len(json.dumps({name: getattr(self, name) for name in _FIELDS}, default=str))
+
+
+_FIELDS = tuple(f.name for f in fields(CellEntry))
 
 
 def entry_of(

@@ -27,6 +27,7 @@ from cloche.server.ui.cells import Cells
 from cloche.server.ui.headers import HEADERS, SecurityHeaders
 from cloche.server.ui.render import is_htmx, page
 from cloche.server.ui.signin import PREFIX, CSRFRefused, SignInNeeded, SignIns, visitor
+from cloche.server.ui.throttle import SignInThrottle
 
 log = logging.getLogger("cloche.ui")
 STATIC = Path(__file__).parent / "static"
@@ -60,6 +61,7 @@ def create(api: FastAPI) -> FastAPI:
     ui.state.api = api  # its token check and its settings
     ui.state.manager = api.state.manager
     ui.state.sign_ins = SignIns()
+    ui.state.sign_in_throttle = SignInThrottle()
     ui.state.cells = Cells(api.state.background)
     ui.include_router(pages.router)
     ui.include_router(actions.router)

@@ -33,6 +33,7 @@ from cloche.server.ui.signin import (
     set_cookie,
     visitor,
 )
+from cloche.server.ui.throttle import SignInThrottle
 
 router = APIRouter()
 QUICK_S = 1.0  # a cell run from the page is waited for this long, to answer with its output
@@ -82,22 +83,37 @@ async def login(request: Request) -> Response:
     form = await form_of(request)
     check_csrf(request, form.get(CSRF_FIELD), request.cookies.get(LOGIN_COOKIE) or "")
     goal = next_path(request, form.get("next"))
+    throttle: SignInThrottle = request.app.state.sign_in_throttle
+    host = request.client.host if request.client is not None else None
+    throttled = throttle.check(host)
+    if throttled is not None:  # the token is not looked at
+        whose = "to this server" if throttled.everyone else "from your address"
+        refused = f"Too many wrong tokens {whose}: try again in {throttled.retry_after_s} s."
+        response = refuse(request, 429, goal, refused)
+        response.headers["Retry-After"] = str(throttled.retry_after_s)
+        return response
     token = form.get("token", "").strip()
     try:
         caller_of_token(request.app.state.api, token)
     except Unauthorized:
-        login_csrf = request.cookies.get(LOGIN_COOKIE, "")
-        return page(
-            request,
-            "login.html",
-            None,
-            401,
-            title="Sign in",
-            login_csrf=login_csrf,
-            next=goal,
-            refused="That token is not one of this server's.",
-        )
+        throttle.refused(host)
+        return refuse(request, 401, goal, "That token is not one of this server's.")
     return signed_in(request, token, goal)
+
+
+def refuse(request: Request, status: int, goal: str, refused: str) -> Response:
+    """The sign-in form again, saying why."""
+    login_csrf = request.cookies.get(LOGIN_COOKIE, "")
+    return page(
+        request,
+        "login.html",
+        None,
+        status,
+        title="Sign in",
+        login_csrf=login_csrf,
+        next=goal,
+        refused=refused,
+    )
 
 
 def signed_in(request: Request, token: str | None, goal: str) -> Response:
