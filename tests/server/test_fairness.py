@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cgroup_support import V2, behind, group_dir, sandbox_ids, sandbox_weights, weight
 from cloche.errors import ProtocolError
 from cloche.sandbox import cgroups
 from support import (
@@ -42,31 +43,8 @@ def state_dir(tmp_path):
 
 
 def cpu_weights(instance: str) -> list[int]:
-    """The CPU weight of each of a server's sandboxes (cgroup v1 cpu.shares, or v2
-    cpu.weight mapped back to shares' scale by its value)."""
-    found = []
-    for pattern in (f"cpu/cloche/{instance}/*/cpu.shares", f"cloche/{instance}/*/cpu.weight"):
-        for control in Path(cgroups.CGROUP_ROOT).glob(pattern):
-            value = int(control.read_text())
-            found.append(value if control.name == "cpu.shares" else -value)
-    return found
-
-
-def behind(instance: str) -> dict[str, list[str]]:
-    """The processes of each of a server's sandboxes in the top-level behind group, by
-    sandbox id."""
-    root = cgroups.cpu_only_hierarchy()
-    assert root is not None, "no v1 cpu hierarchy of its own: the behind group is v1-only"
-    return {
-        procs.parent.name: procs.read_text().split()
-        for procs in root.glob(f"{cgroups.BEHIND}/{instance}/*/cgroup.procs")
-    }
-
-
-def sandbox_ids(instance: str) -> list[str]:
-    root = cgroups.cpu_only_hierarchy()
-    assert root is not None
-    return [group.name for group in root.glob(f"cloche/{instance}/*") if group.is_dir()]
+    """The CPU weight of each of a server's sandboxes (v1 cpu.shares, or v2 cpu.weight)."""
+    return sandbox_weights(instance)
 
 
 def cpu_used(instance: str, sandbox_id: str) -> float:
@@ -87,7 +65,7 @@ def wait_for(condition, timeout_s: float = 60.0) -> None:
 
 
 def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
-    background = cgroups.BACKGROUND_CPU_SHARES
+    background = weight(cgroups.BACKGROUND_CPU_SHARES)
     server = ServerProcess(state_dir, "--cell-slots", "1", "--cell-slice", "0.05")
     try:
         with server.client() as c:
@@ -113,12 +91,19 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
         wait_for(lambda: cpu_weights(server.instance).count(background) == 1)
         wait_for(lambda: len(behind(server.instance)) == 1 and moved(server.instance) != [])
         (sandbox_id,) = behind(server.instance)
+        home = cgroups.cgroups_path(server.instance, sandbox_id)
         for pid in moved(server.instance):
             groups = dict(
                 line.split(":", 2)[1:] for line in Path(f"/proc/{pid}/cgroup").read_text().split()
             )
-            assert groups["memory"] == cgroups.cgroups_path(server.instance, sandbox_id)
-            assert groups["cpu"] == cgroups.behind_path(server.instance, sandbox_id)
+            if V2:  # one group for every controller: the sandbox's limits came along
+                assert groups[""] == cgroups.behind_path(server.instance, sandbox_id)
+                for name in ("memory.max", "pids.max"):
+                    limit = (group_dir(home) / name).read_text()
+                    assert (group_dir(groups[""]) / name).read_text() == limit
+            else:
+                assert groups["memory"] == home
+                assert groups["cpu"] == cgroups.behind_path(server.instance, sandbox_id)
         # ...and with the only turn given up, another session's cells still run.
         with server.client() as c:
             for _ in range(20):
@@ -149,7 +134,7 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
 def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
     """Past its slice a sleeping cell is behind the other sandboxes, but not behind the
     host's processes: it would wake behind every pool refill then."""
-    background = cgroups.BACKGROUND_CPU_SHARES
+    background = weight(cgroups.BACKGROUND_CPU_SHARES)
     server = ServerProcess(state_dir, "--cell-slice", "0.05")
     try:
         with server.client() as c:

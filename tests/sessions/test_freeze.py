@@ -8,21 +8,16 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
+from cgroup_support import freezer_state as state_of
+from cgroup_support import group_dir, procs
 from cloche.config import Limits
 from cloche.sandbox import cgroups
 from cloche.sessions import session
 from support import NOTHING_LEFT, ServerProcess, leftovers, require_gvisor
 
-FREEZER = Path("/sys/fs/cgroup/freezer")
-
 
 def freezer_state(instance: str, sandbox_id: str) -> str:
-    path = FREEZER / cgroups.cgroups_path(instance, sandbox_id).strip("/") / "freezer.state"
-    if not path.exists():
-        pytest.skip("no cgroup v1 freezer on this machine")
-    return path.read_text().strip()
+    return state_of(cgroups.cgroups_path(instance, sandbox_id))
 
 
 def wait_for_state(instance: str, sandbox_id: str, wanted: str, timeout_s: float = 20) -> None:
@@ -41,9 +36,7 @@ def cpu_ticks(pids: list[int]) -> int:
 
 
 def sandbox_pids(instance: str, sandbox_id: str) -> list[int]:
-    relative = cgroups.cgroups_path(instance, sandbox_id).strip("/")
-    procs = (FREEZER / relative / "cgroup.procs").read_text().split()
-    return [int(pid) for pid in procs]
+    return procs(cgroups.cgroups_path(instance, sandbox_id), "freezer")
 
 
 class OneSession:
@@ -84,7 +77,7 @@ def test_an_idle_session_is_frozen_burns_nothing_and_thaws_with_its_state(make_s
     assert one.state() == "THAWED"
     one.wait_for("FROZEN")  # idle again, frozen again
     one.close()
-    assert not (FREEZER / cgroups.cgroups_path(one.instance, one.sandbox_id).strip("/")).exists()
+    assert not group_dir(cgroups.cgroups_path(one.instance, one.sandbox_id), "freezer").exists()
 
 
 def test_a_session_busy_on_its_own_is_left_running_until_it_stops(make_server):
@@ -119,11 +112,12 @@ def test_frozen_sessions_of_a_killed_server_are_cleaned_up_by_the_next(tmp_path)
         assert c.run("x = 1")["status"] == "ok"
     instance = crashed.instance
     try:
-        frozen = _frozen_in(FREEZER / "cloche" / instance)
+        group = f"{cgroups.tops()[0]}/{instance}"
+        frozen = _frozen_in(group)
         deadline = time.monotonic() + 20
         while not frozen and time.monotonic() < deadline:
             time.sleep(0.05)  # polling for the freeze, with a deadline
-            frozen = _frozen_in(FREEZER / "cloche" / instance)
+            frozen = _frozen_in(group)
     finally:
         # Killed whatever happened above: a server left running would hold its sandboxes
         # and their mounts for the rest of the run.
@@ -137,14 +131,14 @@ def test_frozen_sessions_of_a_killed_server_are_cleaned_up_by_the_next(tmp_path)
     assert os.path.isdir(state_dir)
 
 
-def _frozen_in(group: Path) -> list[Path]:
+def _frozen_in(group: str) -> list[Path]:
     """The frozen sandboxes' cgroups under group. A cgroup removed while it is read (a
     sandbox that ended meanwhile, such as the start-up probe's) reads as ENODEV: not frozen."""
     frozen = []
-    for state in group.glob("*/freezer.state"):
+    for sandbox in group_dir(group, "freezer").glob("*"):
         try:
-            if state.read_text().strip() == "FROZEN":
-                frozen.append(state)
+            if state_of(f"{group}/{sandbox.name}") == "FROZEN":
+                frozen.append(sandbox)
         except OSError:
             continue
     return frozen

@@ -1,5 +1,13 @@
-"""The host cgroups runsc makes for sandboxes (under `cloche/<instance>/`), the CPU group
-that sandboxes running long are moved to (`cloche-behind/<instance>/`), and removing them."""
+"""The host cgroups of sandboxes (`cloche/<instance>/<sandbox>`), the CPU group that
+sandboxes running long are moved to (`cloche-behind/<instance>/<sandbox>`, behind.py), and
+removing them; on cgroup v1 and v2 alike, at the top of each v1 hierarchy or under the v2
+group that host.py finds.
+
+runsc makes a sandbox's group from its bundle's `linux.resources` on v1. On v2 cloche makes
+it, with the same limits (install): runsc then leaves it when the sandbox ends, and the
+kernel's count of OOM kills in it (memory.events) can still be read to tell why the
+sandbox died, where the kernel's log can't be (a container has no /dev/kmsg).
+"""
 
 from __future__ import annotations
 
@@ -7,52 +15,78 @@ import errno
 import functools
 import os
 from pathlib import Path
+from typing import Any
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-# Weights among the sandboxes (under `cloche/`), in these ratios; the lowest is the kernel's
-# default, as the scheduler divides a group's weight between the cores it runs on: fifty
-# sandboxes at a weight of 16 each were served unevenly (the slowest of fifty downloads
-# got 2-4x less than the fastest; at 1024, 1.5-2x).
+from cloche.sandbox.cgroups.behind import (
+    BEHIND,
+    bring_level,
+    can_move_behind,
+    cpu_only_hierarchy,
+    put_behind,
+)
+from cloche.sandbox.cgroups.host import (
+    CGROUP_ROOT,
+    hierarchies,
+    host,
+    make_group,
+    prepare,
+    writable,
+)
+
+__all__ = [
+    "BACKGROUND_CPU_SHARES",
+    "BEHIND",
+    "CGROUP_ONLY_LIMITS",
+    "CGROUP_ROOT",
+    "SANDBOXES",
+    "SERVING_CPU_SHARES",
+    "STARTING_CPU_SHARES",
+    "behind_path",
+    "bring_level",
+    "can_move_behind",
+    "cgroups_path",
+    "cpu_only_hierarchy",
+    "cpu_usage_s",
+    "host",
+    "install",
+    "memory_bytes",
+    "oom_killed",
+    "prepare",
+    "put_behind",
+    "remove",
+    "remove_if_empty",
+    "set_cpu_shares",
+    "set_frozen",
+    "thaw_all",
+    "tops",
+    "weight_of_shares",
+    "writable",
+]
+
+SANDBOXES = "cloche"
+# Weights among the sandboxes (under `cloche/`), in these ratios; the lowest is v1's default
+# (cgroup v2 gets runsc's translation of each, 39, 157 and 2500 of 10000: the same ratios),
+# as the scheduler divides a group's weight between the cores it runs on: fifty sandboxes
+# at a weight of 16 each were served unevenly (the slowest of fifty downloads got 2-4x less
+# than the fastest; at 1024, 1.5-2x).
 STARTING_CPU_SHARES = 4096  # while a sandbox starts and waits in the pool
 SERVING_CPU_SHARES = 65536  # once a session has it
 BACKGROUND_CPU_SHARES = 1024  # while its cell runs past its slice (sessions/gate.py)
-# A top-level CPU group, at the lowest priority, for sandboxes whose cells run past their
-# slice. Only a top-level group is behind the host's own processes: a weight set under
-# `cloche/` orders sandboxes among themselves, but the `cloche` group as a whole competes
-# with the server and its clients at full weight whenever only long cells run in it. Two
-# sandboxes running long then kept the server and the clients waiting, and the cells of
-# other sessions took 6-13x as long at the p99 (benchmarks/results/throughput.md).
-BEHIND = "cloche-behind"
 
 
 def cgroups_path(instance: str, sandbox_id: str) -> str:
     """The OCI `linux.cgroupsPath` for a sandbox."""
-    return f"/cloche/{instance}/{sandbox_id}"
+    return host().path(SANDBOXES, instance, sandbox_id)
 
 
 def behind_path(instance: str, sandbox_id: str) -> str:
-    """A sandbox's place in the top-level behind group."""
-    return f"/{BEHIND}/{instance}/{sandbox_id}"
+    """A sandbox's place in the behind group."""
+    return host().path(BEHIND, instance, sandbox_id)
 
 
-@functools.cache
-def _hierarchies() -> list[Path]:
-    """cgroup v1 controller mounts, plus the root itself (v2 or the unified hierarchy); looked
-    up once, as the mounts don't change under a server (and a look costs ~110 µs, on the
-    event loop when a cell runs past its slice)."""
-    roots = [CGROUP_ROOT]
-    try:
-        roots += [p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()]
-    except OSError:
-        pass
-    return roots
-
-
-def writable() -> bool:
-    """True when this process may make cgroups (in every hierarchy). False in a container
-    whose /sys/fs/cgroup is mounted read-only, Docker's default: then runsc must run its
-    sandboxes without cgroups, and what only cgroups enforce is not enforced."""
-    return all(os.access(root, os.W_OK) for root in _hierarchies())
+def tops() -> tuple[str, str]:
+    """The groups of every server's sandboxes, and of those behind (paths from the mount)."""
+    return host().path(SANDBOXES), host().path(BEHIND)
 
 
 # What cloche enforces only through cgroups, for the start-up warning when there are none.
@@ -65,10 +99,41 @@ CGROUP_ONLY_LIMITS = (
 )
 
 
+def weight_of_shares(shares: int) -> int:
+    """v2's cpu.weight for v1's cpu.shares: runc's mapping, which runsc applies too."""
+    return 1 + (max(shares, 2) - 2) * 9999 // 262142
+
+
+def install(path: str, resources: dict[str, Any]) -> None:
+    """On v2, make a sandbox's group at path with the limits of its bundle's
+    `linux.resources` (memory, pids, CPU weight and quota), as runsc would; nothing on v1,
+    where runsc does it. A group that could not be made whole is removed, for runsc to
+    make."""
+    if host().version != 2:
+        return
+    values: dict[str, str] = {}
+    cpu = resources.get("cpu", {})
+    if cpu.get("shares"):
+        values["cpu.weight"] = str(weight_of_shares(int(cpu["shares"])))
+    if cpu.get("quota"):
+        values["cpu.max"] = f"{cpu['quota']} {cpu.get('period') or 100_000}"
+    if resources.get("memory", {}).get("limit"):
+        values["memory.max"] = str(resources["memory"]["limit"])
+    if resources.get("pids", {}).get("limit"):
+        values["pids.max"] = str(resources["pids"]["limit"])
+    group = make_group(path)
+    try:
+        for name, value in values.items():
+            (group / name).write_text(value)
+    except OSError:
+        remove(path)
+        raise
+
+
 def remove(relative: str) -> None:
     """rmdir the cgroup at relative (and its children) in every hierarchy, if empty."""
     relative = relative.strip("/")
-    for root in _hierarchies():
+    for root in hierarchies():
         top = root / relative
         if not top.is_dir():
             continue
@@ -81,7 +146,7 @@ def remove(relative: str) -> None:
 
 def remove_if_empty(relative: str) -> None:
     """rmdir one cgroup directory in every hierarchy, where it has no children left."""
-    for root in _hierarchies():
+    for root in hierarchies():
         try:
             os.rmdir(root / relative.strip("/"))
         except OSError:
@@ -90,84 +155,9 @@ def remove_if_empty(relative: str) -> None:
 
 def set_cpu_shares(relative: str, shares: int) -> bool:
     """Give a cgroup a CPU weight (v1 cpu.shares, or v2 cpu.weight); False if it has none."""
-    weight = 1 + (max(shares, 2) - 2) * 9999 // 262142  # runc's mapping of shares to weight
-    return _write_control(relative, {"cpu.shares": str(shares), "cpu.weight": str(weight)})
-
-
-def cpu_only_hierarchy() -> Path | None:
-    """The v1 hierarchy of the cpu controller, when it has no other controller than cpuacct:
-    there a process can change its CPU group and keep its memory and pids limits. None
-    under v2, where a process has one cgroup for all controllers."""
-    for root in _hierarchies()[1:]:
-        controllers = set(root.name.split(","))
-        if "cpu" in controllers and controllers <= {"cpu", "cpuacct"}:
-            if (root / "cpu.shares").is_file():
-                return root
-    return None
-
-
-def put_behind(home: str, behind: str) -> bool:
-    """Move the processes of the cgroup at home, for the CPU alone, to behind (made under the
-    top-level behind group with home's CPU quota); False where a v1 cpu-only hierarchy is
-    missing."""
-    root = cpu_only_hierarchy()
-    if root is None:
-        return False
-    target = root / behind.strip("/")
-    if not target.is_dir():
-        top = root / BEHIND
-        top.mkdir(exist_ok=True)
-        _lowest_priority(top)
-        target.mkdir(parents=True, exist_ok=True)
-        _copy_quota(root / home.strip("/"), target)
-    _move_processes(root / home.strip("/"), target)
-    return True
-
-
-def bring_level(home: str, behind: str) -> None:
-    """Move the processes put behind back to the cgroup at home."""
-    root = cpu_only_hierarchy()
-    if root is None:
-        return
-    source, target = root / behind.strip("/"), root / home.strip("/")
-    if not target.is_dir() and _read(source / "cgroup.procs").split():
-        # With all its processes behind, home was empty, and the start of another server
-        # beside this one (which removes empty cgroups under cloche/) took it away.
-        target.mkdir(parents=True, exist_ok=True)
-        _copy_quota(source, target)
-    _move_processes(source, target)
-
-
-def _copy_quota(source: Path, target: Path) -> None:
-    for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us"):  # the quota's period first
-        try:
-            (target / name).write_text((source / name).read_text())
-        except OSError:
-            pass  # the source is gone: its sandbox has ended, and nothing moves
-
-
-def _lowest_priority(group: Path) -> None:
-    """SCHED_IDLE for a whole group (cpu.idle, Linux 5.15): preempted by any other task that
-    wakes; the lowest weight where the kernel is older."""
-    try:
-        (group / "cpu.idle").write_text("1\n")
-    except OSError:
-        (group / "cpu.shares").write_text("2\n")
-
-
-def _move_processes(source: Path, target: Path) -> None:
-    for _ in range(3):  # a process forked during a pass is in the next one
-        try:
-            pids = (source / "cgroup.procs").read_text().split()
-        except OSError:
-            return  # the group is gone: its sandbox has ended
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                (target / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass  # it exited meanwhile, or the target went with its sandbox
+    return _write_control(
+        relative, {"cpu.shares": str(shares), "cpu.weight": str(weight_of_shares(shares))}
+    )
 
 
 def set_frozen(relative: str, frozen: bool) -> bool:
@@ -180,6 +170,16 @@ def set_frozen(relative: str, frozen: bool) -> bool:
             "cgroup.freeze": "1" if frozen else "0",
         },
     )
+
+
+def thaw_all(relative: str) -> None:
+    """Thaw a cgroup and every cgroup below it (frozen processes can't even be killed)."""
+    relative = relative.strip("/")
+    for root in hierarchies():
+        top = root / relative
+        if top.is_dir():
+            for directory, _, _ in os.walk(top):
+                set_frozen(str(Path(directory).relative_to(root)), False)
 
 
 # Where each kind of control was last written (hierarchy root, file): tried first, as a
@@ -200,7 +200,7 @@ def _write_control(relative: str, values: dict[str, str]) -> bool:
             return True
         except OSError:
             pass
-    for root in _hierarchies():
+    for root in hierarchies():
         for name, value in values.items():
             try:
                 (root / relative / name).write_text(f"{value}\n")
@@ -233,6 +233,17 @@ def cpu_usage_s(relative: str) -> float | None:
 
 
 @functools.cache
+def _usage_file() -> tuple[Path, str] | None:
+    """The hierarchy root that counts CPU usage and the file that has it in each cgroup
+    (looked up once: the mounts don't change under a server)."""
+    for root in hierarchies():
+        if (root / "cpuacct.usage").is_file():
+            return root, "cpuacct.usage"
+    if "usage_usec" in _read(CGROUP_ROOT / "cpu.stat"):
+        return CGROUP_ROOT, "cpu.stat"
+    return None
+
+
 def memory_bytes(relative: str) -> int | None:
     """Memory a cgroup's processes hold now, in bytes (v1 memory.usage_in_bytes, or v2
     memory.current); None if the machine doesn't account it."""
@@ -246,23 +257,13 @@ def memory_bytes(relative: str) -> int | None:
     return None
 
 
-def _usage_file() -> tuple[Path, str] | None:
-    """The hierarchy root that counts CPU usage and the file that has it in each cgroup
-    (looked up once: the mounts don't change under a server)."""
-    for root in _hierarchies():
-        if (root / "cpuacct.usage").is_file():
-            return root, "cpuacct.usage"
-    if "usage_usec" in _read(CGROUP_ROOT / "cpu.stat"):
-        return CGROUP_ROOT, "cpu.stat"
-    return None
-
-
 def oom_killed(relative: str) -> bool:
     """Whether the kernel's OOM killer killed a process of a cgroup for going over its
     memory limit. Its own counter (v1 memory.oom_control's oom_kill, v2 memory.events')
-    says so while the cgroup is there; runsc removes it as the sandbox exits, usually
-    before anyone asks, so then the kernel's log says it (its line names the cgroup). False
-    when neither can be read (a container without /dev/kmsg)."""
+    says so while the cgroup is there (on v2, until cloche removes it); on v1 runsc removes
+    it as the sandbox exits, usually before anyone asks, so then the kernel's log says it
+    (its line names the cgroup). False when neither can be read (a container without
+    /dev/kmsg)."""
     for root, name in (
         (CGROUP_ROOT / "memory", "memory.oom_control"),
         (CGROUP_ROOT, "memory.events"),
@@ -300,13 +301,3 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
-
-
-def thaw_all(relative: str) -> None:
-    """Thaw a cgroup and every cgroup below it (frozen processes can't even be killed)."""
-    relative = relative.strip("/")
-    for root in _hierarchies():
-        top = root / relative
-        if top.is_dir():
-            for directory, _, _ in os.walk(top):
-                set_frozen(str(Path(directory).relative_to(root)), False)

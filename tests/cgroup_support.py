@@ -1,0 +1,78 @@
+"""Looking at a server's sandboxes in the host's cgroups, v1 or v2, for the tests of CPU
+weights, the behind group and freezing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cloche.sandbox import cgroups
+
+V2 = cgroups.host().version == 2
+
+
+def group_dir(path: str, controller: str = "cpu") -> Path:
+    """A group's directory: in the v1 hierarchy of controller, or in v2's one."""
+    if V2:
+        return cgroups.CGROUP_ROOT / path.strip("/")
+    names = {"cpu": ("cpu", "cpu,cpuacct"), "memory": ("memory",), "freezer": ("freezer",)}
+    for name in names[controller]:
+        if (cgroups.CGROUP_ROOT / name).is_dir():
+            return cgroups.CGROUP_ROOT / name / path.strip("/")
+    pytest.skip(f"no cgroup v1 {controller} hierarchy on this machine")
+
+
+def weight(shares: int) -> int:
+    """What a sandbox's group holds for a CPU weight given as v1 shares."""
+    return cgroups.weight_of_shares(shares) if V2 else shares
+
+
+def cpu_weight(path: str) -> int:
+    """A group's CPU weight (v1 cpu.shares, or v2 cpu.weight)."""
+    return int((group_dir(path) / ("cpu.weight" if V2 else "cpu.shares")).read_text())
+
+
+def sandbox_weights(instance: str) -> list[int]:
+    """The CPU weight of each of a server's sandboxes."""
+    found = []
+    for group in group_dir(f"{cgroups.tops()[0]}/{instance}").glob("*"):
+        try:
+            found.append(cpu_weight(str(group.relative_to(group_dir("")))))
+        except (OSError, ValueError):
+            continue  # not a group, or gone while read (a sandbox that ended meanwhile)
+    return found
+
+
+def sandbox_ids(instance: str) -> list[str]:
+    """A server's sandboxes, by their groups."""
+    return [g.name for g in group_dir(f"{cgroups.tops()[0]}/{instance}").glob("*") if g.is_dir()]
+
+
+def behind(instance: str) -> dict[str, list[str]]:
+    """The processes of each of a server's sandboxes in the behind group, by sandbox id."""
+    if not V2:
+        assert cgroups.cpu_only_hierarchy() is not None, "no v1 cpu hierarchy of its own"
+    found = {}
+    for procs in group_dir(f"{cgroups.tops()[1]}/{instance}").glob("*/cgroup.procs"):
+        try:
+            found[procs.parent.name] = procs.read_text().split()
+        except OSError:
+            continue  # removed while read: its sandbox ended
+    return found
+
+
+def procs(path: str, controller: str = "cpu") -> list[int]:
+    return [int(pid) for pid in (group_dir(path, controller) / "cgroup.procs").read_text().split()]
+
+
+def freezer_state(path: str) -> str:
+    """FROZEN, FREEZING or THAWED, as v1's freezer.state says; on v2 from cgroup.freeze (what
+    was asked) and cgroup.events (whether every process is frozen)."""
+    group = group_dir(path, "freezer")
+    if not V2:
+        return (group / "freezer.state").read_text().strip()
+    if (group / "cgroup.freeze").read_text().strip() != "1":
+        return "THAWED"
+    events = dict(line.split() for line in (group / "cgroup.events").read_text().splitlines())
+    return "FROZEN" if events.get("frozen") == "1" else "FREEZING"
