@@ -98,6 +98,7 @@ def test_under_systemd_the_sandboxes_live_in_the_unit_s_own_subtree(tmp_path):
         assert len([procs for procs in ours if procs]) >= 2, held  # the session's, the pool's
     finally:
         subprocess.run(["systemctl", "stop", unit], timeout=120, check=False)
+        server.process.wait(60)  # systemd-run --wait ends with the unit, with its status
         code = server.stop()
     assert code == 0, server.log[-20:]
     assert server.log[-1].rstrip().endswith("stopped"), server.log[-20:]

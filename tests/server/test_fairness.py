@@ -15,7 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cgroup_support import V2, behind, group_dir, sandbox_ids, sandbox_weights, weight
+from cgroup_support import (
+    V2,
+    behind,
+    group_dir,
+    sandbox_cpu_s,
+    sandbox_ids,
+    sandbox_weights,
+    slowness,
+    weight,
+)
 from cloche.errors import ProtocolError
 from cloche.sandbox import cgroups
 from support import (
@@ -30,10 +39,23 @@ from support import (
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
 
+# Time scales: a slice of 50 ms, and cells ten times as long, on this project's machines;
+# as many times longer as this machine is slower (an emulated CPU: a trivial cell then takes
+# more than 50 ms of CPU itself, and would never count as short).
+SLOW = slowness()
+SLICE = f"{0.05 * SLOW:g}"
 # Cells that run long: one printing as fast as it can for 0.5 s (its output beyond the
 # limit is dropped), one spinning on the CPU for 0.5 s.
-FLOOD = "import time\nend = time.time() + 0.5\nwhile time.time() < end: print('flood' * 16)"
-SPIN = "import time\nend = time.time() + 0.5\nwhile time.time() < end: pass"
+LONG_S = 0.5 * SLOW
+
+
+def spinning(seconds: float, body: str = "pass") -> str:
+    """A cell that runs body in a loop for seconds."""
+    return f"import time\nend = time.time() + {seconds:g}\nwhile time.time() < end: {body}"
+
+
+FLOOD = spinning(LONG_S, "print('flood' * 16)")
+SPIN = spinning(LONG_S)
 
 
 @pytest.fixture
@@ -48,16 +70,14 @@ def cpu_weights(instance: str) -> list[int]:
 
 
 def cpu_used(instance: str, sandbox_id: str) -> float:
-    used = cgroups.cpu_usage_s(cgroups.cgroups_path(instance, sandbox_id))
-    assert used is not None
-    return used
+    return sandbox_cpu_s(instance, sandbox_id)
 
 
 def moved(instance: str) -> list[str]:
     return [pid for pids in behind(instance).values() for pid in pids]
 
 
-def wait_for(condition, timeout_s: float = 60.0) -> None:
+def wait_for(condition, timeout_s: float = 60.0 * SLOW) -> None:
     until = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < until, "condition not met in time"
@@ -66,7 +86,7 @@ def wait_for(condition, timeout_s: float = 60.0) -> None:
 
 def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
     background = weight(cgroups.BACKGROUND_CPU_SHARES)
-    server = ServerProcess(state_dir, "--cell-slots", "1", "--cell-slice", "0.05")
+    server = ServerProcess(state_dir, "--cell-slots", "1", "--cell-slice", SLICE)
     try:
         with server.client() as c:
             spinner = c.run("0")["session_id"]
@@ -112,7 +132,7 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
         assert thread.is_alive()
         url = f"http://127.0.0.1:{server.http_port}/v1/sessions/{spinner}/interrupt"
         assert httpx.post(url, timeout=30).json() == {"interrupted": True}
-        thread.join(60)
+        thread.join(60 * SLOW)
         assert reply["status"] == "error"
         assert "KeyboardInterrupt" in str(reply)
         # An interrupted cell came level with the host's processes, to stop within the
@@ -135,7 +155,7 @@ def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
     """Past its slice a sleeping cell is behind the other sandboxes, but not behind the
     host's processes: it would wake behind every pool refill then."""
     background = weight(cgroups.BACKGROUND_CPU_SHARES)
-    server = ServerProcess(state_dir, "--cell-slice", "0.05")
+    server = ServerProcess(state_dir, "--cell-slice", SLICE)
     try:
         with server.client() as c:
             sleeper = c.run("import time")["session_id"]
@@ -143,7 +163,7 @@ def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
             for session in (sleeper, spinner):  # level, if a first cell outran its slice
                 assert c.run("pass", session)["status"] == "ok"
             wait_for(lambda: moved(server.instance) == [])
-            assert c.run("time.sleep(0.5)", sleeper)["status"] == "ok"
+            assert c.run(f"time.sleep({LONG_S:g})", sleeper)["status"] == "ok"
         assert cpu_weights(server.instance).count(background) == 1
         used_before = {
             sandbox_id: cpu_used(server.instance, sandbox_id)
@@ -171,7 +191,7 @@ def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
         assert len(behind(server.instance)) == 1
         url = f"http://127.0.0.1:{server.http_port}/v1/sessions/{spinner}/interrupt"
         assert httpx.post(url, timeout=30).json() == {"interrupted": True}
-        thread.join(60)
+        thread.join(60 * SLOW)
         assert not thread.is_alive()
     finally:
         assert server.stop() == 0
@@ -195,7 +215,7 @@ def test_a_session_left_behind_by_a_long_cell_comes_level_among_a_crowd(state_di
     # it level before its cell ends.
     # Cells that outlive the wait below: a cell's end by its time limit would bring it level.
     server = ServerProcess(
-        state_dir, "--pool-size", "0", "--cell-slice", "0.05", "--cell-timeout", "300"
+        state_dir, "--pool-size", "0", "--cell-slice", SLICE, "--cell-timeout", f"{300 * SLOW:g}"
     )
     crowd = 4 * (os.cpu_count() or 1)
     sessions: list[str] = []
@@ -206,7 +226,7 @@ def test_a_session_left_behind_by_a_long_cell_comes_level_among_a_crowd(state_di
             assert c.run("pass", sessions[0])["status"] == "ok"  # level, if "0" ran long
             wait_for(lambda: moved(server.instance) == [])
             # Alone, busy past its slice: behind the host; its cell's end leaves it there.
-            assert c.run(SPIN.replace("0.5", "3"), sessions[0])["status"] == "ok"
+            assert c.run(spinning(6 * LONG_S), sessions[0])["status"] == "ok"
             left = [sandbox for sandbox, pids in behind(server.instance).items() if pids]
             assert len(left) == 1, "the lone spinner went behind, and stayed"
             for _ in range(crowd):
@@ -228,7 +248,7 @@ def test_a_session_left_behind_by_a_long_cell_comes_level_among_a_crowd(state_di
             url = f"http://127.0.0.1:{server.http_port}/v1/sessions/{session}/interrupt"
             httpx.post(url, timeout=30)
         for thread in threads:
-            thread.join(60)
+            thread.join(60 * SLOW)
         assert server.stop() == 0
     assert not any(thread.is_alive() for thread in threads)
     assert leftovers(state_dir, server.instance) == NOTHING_LEFT
@@ -255,7 +275,7 @@ def test_a_server_killed_with_a_sandbox_behind_leaves_nothing_after_the_next_sta
         killed.stop()  # not killed after all: it cleans up after itself
         raise
     killed.stop(signal.SIGKILL)
-    thread.join(60)
+    thread.join(60 * SLOW)
     assert lost, "the spinning cell's client saw its server go"
     successor = ServerProcess(state_dir)
     try:
@@ -276,7 +296,7 @@ def test_long_cells_leave_another_sessions_latency_within_2x(state_dir):
     Both noisy sessions run behind, in the top-level behind group: with their sandboxes
     only lowered under `cloche/`, the p99 beside them was 6-13x (the server and the
     clients, outside `cloche/`, waited behind the spinning sandboxes)."""
-    server = ServerProcess(state_dir, "--pool-size", "3")
+    server = ServerProcess(state_dir, "--pool-size", "3", "--cell-slice", SLICE)
     alone: list[float] = []
     beside: list[float] = []
     runs = []
