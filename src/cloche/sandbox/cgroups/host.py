@@ -29,7 +29,7 @@ from cloche.sandbox import mounts
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SERVER_LEAF = "cloche-server"  # v2: the server's own processes, out of the base's way
-# systemd marks the group of a unit with Delegate=yes with these (since v251 or so).
+# systemd marks the group of a unit with Delegate=yes with these (252, Debian 12's, does).
 DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
 
 
