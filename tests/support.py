@@ -196,13 +196,21 @@ def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
 class ServerProcess:
     """`cloche serve` as a child process, on free ports, with its log collected."""
 
-    def __init__(self, state_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        wrapper: tuple[str, ...] = (),
+    ) -> None:
+        """wrapper: a command to run it under (systemd-run, say), its stderr passed on."""
         import re
         import subprocess
         import sys
 
         self.state_dir = state_dir
         command = [
+            *wrapper,
             sys.executable,
             "-m",
             "cloche.cli",
@@ -265,10 +273,13 @@ def leftovers(state_dir: Path, instance: str) -> dict[str, list[str]]:
     processes = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
     with open("/proc/self/mountinfo") as mountinfo:
         mounts = [line.split()[4] for line in mountinfo if pattern in line.split()[4]]
-    cgroups = [
+    from cloche.sandbox.cgroups import tops
+
+    cgroups = [  # at the top of each v1 hierarchy, or under cloche's v2 group
         str(path)
-        for top in ("cloche", "cloche-behind")
-        for path in Path("/sys/fs/cgroup").glob(f"*/{top}/{instance}")
+        for top in tops()
+        for pattern in (f"*{top}/{instance}", f"{top.strip('/')}/{instance}")
+        for path in Path("/sys/fs/cgroup").glob(pattern)
     ]
     state = [str(p) for p in state_dir.iterdir()] if state_dir.exists() else []
     state = [p for p in state if instance in p]

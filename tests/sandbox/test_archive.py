@@ -16,7 +16,10 @@ from cloche.sandbox import archive
 @pytest.fixture(autouse=True, params=["filters", "no-filters"])
 def python_with_or_without_tar_filters(request, monkeypatch):
     """Each test twice: with tarfile's filters (3.11.4+), and as on a Python without them
-    (Debian bookworm's 3.11.2, the container image's)."""
+    (Debian bookworm's 3.11.2, the container image's). On a Python without them, the first
+    would only repeat the second."""
+    if request.param == "filters" and not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python's tarfile has no extraction filters (before 3.11.4)")
     if request.param == "no-filters":
         monkeypatch.setattr(archive, "_FILTERS", False)
 

@@ -15,6 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cgroup_support import (
+    V2,
+    behind,
+    group_dir,
+    sandbox_cpu_s,
+    sandbox_ids,
+    sandbox_weights,
+    slowness,
+    weight,
+)
 from cloche.errors import ProtocolError
 from cloche.sandbox import cgroups
 from support import (
@@ -29,10 +39,23 @@ from support import (
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
 
+# Time scales: a slice of 50 ms, and cells ten times as long, on this project's machines;
+# as many times longer as this machine is slower (an emulated CPU: a trivial cell then takes
+# more than 50 ms of CPU itself, and would never count as short).
+SLOW = slowness()
+SLICE = f"{0.05 * SLOW:g}"
 # Cells that run long: one printing as fast as it can for 0.5 s (its output beyond the
 # limit is dropped), one spinning on the CPU for 0.5 s.
-FLOOD = "import time\nend = time.time() + 0.5\nwhile time.time() < end: print('flood' * 16)"
-SPIN = "import time\nend = time.time() + 0.5\nwhile time.time() < end: pass"
+LONG_S = 0.5 * SLOW
+
+
+def spinning(seconds: float, body: str = "pass") -> str:
+    """A cell that runs body in a loop for seconds."""
+    return f"import time\nend = time.time() + {seconds:g}\nwhile time.time() < end: {body}"
+
+
+FLOOD = spinning(LONG_S, "print('flood' * 16)")
+SPIN = spinning(LONG_S)
 
 
 @pytest.fixture
@@ -42,44 +65,19 @@ def state_dir(tmp_path):
 
 
 def cpu_weights(instance: str) -> list[int]:
-    """The CPU weight of each of a server's sandboxes (cgroup v1 cpu.shares, or v2
-    cpu.weight mapped back to shares' scale by its value)."""
-    found = []
-    for pattern in (f"cpu/cloche/{instance}/*/cpu.shares", f"cloche/{instance}/*/cpu.weight"):
-        for control in Path(cgroups.CGROUP_ROOT).glob(pattern):
-            value = int(control.read_text())
-            found.append(value if control.name == "cpu.shares" else -value)
-    return found
-
-
-def behind(instance: str) -> dict[str, list[str]]:
-    """The processes of each of a server's sandboxes in the top-level behind group, by
-    sandbox id."""
-    root = cgroups.cpu_only_hierarchy()
-    assert root is not None, "no v1 cpu hierarchy of its own: the behind group is v1-only"
-    return {
-        procs.parent.name: procs.read_text().split()
-        for procs in root.glob(f"{cgroups.BEHIND}/{instance}/*/cgroup.procs")
-    }
-
-
-def sandbox_ids(instance: str) -> list[str]:
-    root = cgroups.cpu_only_hierarchy()
-    assert root is not None
-    return [group.name for group in root.glob(f"cloche/{instance}/*") if group.is_dir()]
+    """The CPU weight of each of a server's sandboxes (v1 cpu.shares, or v2 cpu.weight)."""
+    return sandbox_weights(instance)
 
 
 def cpu_used(instance: str, sandbox_id: str) -> float:
-    used = cgroups.cpu_usage_s(cgroups.cgroups_path(instance, sandbox_id))
-    assert used is not None
-    return used
+    return sandbox_cpu_s(instance, sandbox_id)
 
 
 def moved(instance: str) -> list[str]:
     return [pid for pids in behind(instance).values() for pid in pids]
 
 
-def wait_for(condition, timeout_s: float = 60.0) -> None:
+def wait_for(condition, timeout_s: float = 60.0 * SLOW) -> None:
     until = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < until, "condition not met in time"
@@ -87,8 +85,8 @@ def wait_for(condition, timeout_s: float = 60.0) -> None:
 
 
 def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
-    background = cgroups.BACKGROUND_CPU_SHARES
-    server = ServerProcess(state_dir, "--cell-slots", "1", "--cell-slice", "0.05")
+    background = weight(cgroups.BACKGROUND_CPU_SHARES)
+    server = ServerProcess(state_dir, "--cell-slots", "1", "--cell-slice", SLICE)
     try:
         with server.client() as c:
             spinner = c.run("0")["session_id"]
@@ -113,12 +111,19 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
         wait_for(lambda: cpu_weights(server.instance).count(background) == 1)
         wait_for(lambda: len(behind(server.instance)) == 1 and moved(server.instance) != [])
         (sandbox_id,) = behind(server.instance)
+        home = cgroups.cgroups_path(server.instance, sandbox_id)
         for pid in moved(server.instance):
             groups = dict(
                 line.split(":", 2)[1:] for line in Path(f"/proc/{pid}/cgroup").read_text().split()
             )
-            assert groups["memory"] == cgroups.cgroups_path(server.instance, sandbox_id)
-            assert groups["cpu"] == cgroups.behind_path(server.instance, sandbox_id)
+            if V2:  # one group for every controller: the sandbox's limits came along
+                assert groups[""] == cgroups.behind_path(server.instance, sandbox_id)
+                for name in ("memory.max", "pids.max"):
+                    limit = (group_dir(home) / name).read_text()
+                    assert (group_dir(groups[""]) / name).read_text() == limit
+            else:
+                assert groups["memory"] == home
+                assert groups["cpu"] == cgroups.behind_path(server.instance, sandbox_id)
         # ...and with the only turn given up, another session's cells still run.
         with server.client() as c:
             for _ in range(20):
@@ -127,7 +132,7 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
         assert thread.is_alive()
         url = f"http://127.0.0.1:{server.http_port}/v1/sessions/{spinner}/interrupt"
         assert httpx.post(url, timeout=30).json() == {"interrupted": True}
-        thread.join(60)
+        thread.join(60 * SLOW)
         assert reply["status"] == "error"
         assert "KeyboardInterrupt" in str(reply)
         # An interrupted cell came level with the host's processes, to stop within the
@@ -149,8 +154,8 @@ def test_a_long_cell_gives_its_turn_up_and_runs_behind_the_others(state_dir):
 def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
     """Past its slice a sleeping cell is behind the other sandboxes, but not behind the
     host's processes: it would wake behind every pool refill then."""
-    background = cgroups.BACKGROUND_CPU_SHARES
-    server = ServerProcess(state_dir, "--cell-slice", "0.05")
+    background = weight(cgroups.BACKGROUND_CPU_SHARES)
+    server = ServerProcess(state_dir, "--cell-slice", SLICE)
     try:
         with server.client() as c:
             sleeper = c.run("import time")["session_id"]
@@ -158,7 +163,7 @@ def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
             for session in (sleeper, spinner):  # level, if a first cell outran its slice
                 assert c.run("pass", session)["status"] == "ok"
             wait_for(lambda: moved(server.instance) == [])
-            assert c.run("time.sleep(0.5)", sleeper)["status"] == "ok"
+            assert c.run(f"time.sleep({LONG_S:g})", sleeper)["status"] == "ok"
         assert cpu_weights(server.instance).count(background) == 1
         used_before = {
             sandbox_id: cpu_used(server.instance, sandbox_id)
@@ -186,7 +191,7 @@ def test_a_long_cell_that_sleeps_stays_among_the_sandboxes(state_dir):
         assert len(behind(server.instance)) == 1
         url = f"http://127.0.0.1:{server.http_port}/v1/sessions/{spinner}/interrupt"
         assert httpx.post(url, timeout=30).json() == {"interrupted": True}
-        thread.join(60)
+        thread.join(60 * SLOW)
         assert not thread.is_alive()
     finally:
         assert server.stop() == 0
@@ -210,7 +215,7 @@ def test_a_session_left_behind_by_a_long_cell_comes_level_among_a_crowd(state_di
     # it level before its cell ends.
     # Cells that outlive the wait below: a cell's end by its time limit would bring it level.
     server = ServerProcess(
-        state_dir, "--pool-size", "0", "--cell-slice", "0.05", "--cell-timeout", "300"
+        state_dir, "--pool-size", "0", "--cell-slice", SLICE, "--cell-timeout", f"{300 * SLOW:g}"
     )
     crowd = 4 * (os.cpu_count() or 1)
     sessions: list[str] = []
@@ -221,7 +226,7 @@ def test_a_session_left_behind_by_a_long_cell_comes_level_among_a_crowd(state_di
             assert c.run("pass", sessions[0])["status"] == "ok"  # level, if "0" ran long
             wait_for(lambda: moved(server.instance) == [])
             # Alone, busy past its slice: behind the host; its cell's end leaves it there.
-            assert c.run(SPIN.replace("0.5", "3"), sessions[0])["status"] == "ok"
+            assert c.run(spinning(6 * LONG_S), sessions[0])["status"] == "ok"
             left = [sandbox for sandbox, pids in behind(server.instance).items() if pids]
             assert len(left) == 1, "the lone spinner went behind, and stayed"
             for _ in range(crowd):
@@ -243,7 +248,7 @@ def test_a_session_left_behind_by_a_long_cell_comes_level_among_a_crowd(state_di
             url = f"http://127.0.0.1:{server.http_port}/v1/sessions/{session}/interrupt"
             httpx.post(url, timeout=30)
         for thread in threads:
-            thread.join(60)
+            thread.join(60 * SLOW)
         assert server.stop() == 0
     assert not any(thread.is_alive() for thread in threads)
     assert leftovers(state_dir, server.instance) == NOTHING_LEFT
@@ -270,7 +275,7 @@ def test_a_server_killed_with_a_sandbox_behind_leaves_nothing_after_the_next_sta
         killed.stop()  # not killed after all: it cleans up after itself
         raise
     killed.stop(signal.SIGKILL)
-    thread.join(60)
+    thread.join(60 * SLOW)
     assert lost, "the spinning cell's client saw its server go"
     successor = ServerProcess(state_dir)
     try:
@@ -291,7 +296,7 @@ def test_long_cells_leave_another_sessions_latency_within_2x(state_dir):
     Both noisy sessions run behind, in the top-level behind group: with their sandboxes
     only lowered under `cloche/`, the p99 beside them was 6-13x (the server and the
     clients, outside `cloche/`, waited behind the spinning sandboxes)."""
-    server = ServerProcess(state_dir, "--pool-size", "3")
+    server = ServerProcess(state_dir, "--pool-size", "3", "--cell-slice", SLICE)
     alone: list[float] = []
     beside: list[float] = []
     runs = []

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
-import pytest
-
+from cgroup_support import cpu_weight, weight
 from cloche.sandbox import cgroups
 from cloche.sessions import pool
 
 
 def cpu_shares(instance: str, sandbox_id: str) -> int:
-    relative = cgroups.cgroups_path(instance, sandbox_id).strip("/")
-    for name in ("cpu", "cpu,cpuacct"):
-        path = Path("/sys/fs/cgroup") / name / relative / "cpu.shares"
-        if path.exists():
-            return int(path.read_text())
-    pytest.skip("no cgroup v1 cpu controller on this machine")
+    """A sandbox's CPU weight (v1 cpu.shares, or v2 cpu.weight)."""
+    return cpu_weight(cgroups.cgroups_path(instance, sandbox_id))
 
 
 def test_pooled_sandboxes_wait_with_a_small_cpu_weight_and_sessions_get_the_usual(make_server):
@@ -28,12 +22,12 @@ def test_pooled_sandboxes_wait_with_a_small_cpu_weight_and_sessions_get_the_usua
     instance = server.server.backend.state.instance
     server.call(manager.pool.wait_full())
     pooled = manager.pool._ready[0]
-    assert cpu_shares(instance, pooled.id) == cgroups.STARTING_CPU_SHARES
+    assert cpu_shares(instance, pooled.id) == weight(cgroups.STARTING_CPU_SHARES)
 
     info = server.call(manager.create())
     taken = manager._sessions[info.id].kernel
     assert taken is pooled  # a pool hit
-    assert cpu_shares(instance, taken.id) == cgroups.SERVING_CPU_SHARES
+    assert cpu_shares(instance, taken.id) == weight(cgroups.SERVING_CPU_SHARES)
     server.call(manager.close(info.id))
 
 
@@ -45,7 +39,8 @@ def test_a_sandbox_started_for_a_waiting_session_starts_with_the_usual_weight(ma
     # It started at full weight (the bundle runsc got says so), not only got it afterwards.
     bundle = json.loads((kernel.sandbox.home / "bundle" / "config.json").read_text())
     assert bundle["linux"]["resources"]["cpu"]["shares"] == cgroups.SERVING_CPU_SHARES
-    assert cpu_shares(server.server.backend.state.instance, kernel.id) == cgroups.SERVING_CPU_SHARES
+    instance = server.server.backend.state.instance
+    assert cpu_shares(instance, kernel.id) == weight(cgroups.SERVING_CPU_SHARES)
     server.call(manager.close(info.id))
 
 

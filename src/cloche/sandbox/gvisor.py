@@ -82,22 +82,25 @@ class GVisorBackend(Backend):
                 "cloche serve as root, or use --backend unsafe-local, which is NOT isolated"
             )
         self.runsc = Runsc.find(self.config.state_dir / "runsc")
-        self.cgroups = cgroups.writable()
+        where = cgroups.prepare()
+        self.cgroups = not where.startswith("not writable")
         if not self.cgroups:
             log.warning(
-                "no writable cgroups (/sys/fs/cgroup is read-only): sandboxes run without "
-                "them, so these limits are NOT enforced: %s. In a container, mount "
-                "/sys/fs/cgroup read-write to have them",
+                "no writable cgroups (%s): sandboxes run without them, so these limits are "
+                "NOT enforced: %s. See the README's Privileges and Hosts",
+                where.removeprefix("not writable: "),
                 "; ".join(cgroups.CGROUP_ONLY_LIMITS),
             )
+        else:
+            log.info("sandbox cgroups: %s", where)
         self.runsc.ignore_cgroups = not self.cgroups
         self.runsc.host_uds = self.config.egress_policy is not None
-        self.moves_behind = self.cgroups and cgroups.cpu_only_hierarchy() is not None
+        self.moves_behind = self.cgroups and cgroups.can_move_behind()
         super().prepare()
         # Empty cgroups of servers that died with their state elsewhere (rmdir can only
         # remove empty ones: live sandboxes keep theirs).
-        cgroups.remove("cloche")
-        cgroups.remove(cgroups.BEHIND)
+        for top in cgroups.tops():
+            cgroups.remove(top)
         self.runsc.root = self.state.path / "runsc"
         self.runsc.root.mkdir(mode=0o700)
         (self.state.path / "sandboxes").mkdir()
@@ -197,7 +200,8 @@ class GVisorBackend(Backend):
         super().sweep()
 
     def clean_stale(self, instance_dir: Path) -> None:
-        cgroups.thaw_all(f"cloche/{instance_dir.name}")  # sessions frozen when it died
+        for top in cgroups.tops():  # sessions frozen when it died
+            cgroups.thaw_all(f"{top}/{instance_dir.name}")
         if self.runsc is not None:
             stale = Runsc(self.runsc.binary, instance_dir / "runsc", self.runsc.platform)
             for sandbox_id in stale.list_ids():
@@ -205,8 +209,8 @@ class GVisorBackend(Backend):
                 stale.delete(sandbox_id)
         for point in mounts.mounts_under(instance_dir):
             mounts.unmount(point)
-        cgroups.remove(f"cloche/{instance_dir.name}")
-        cgroups.remove(f"{cgroups.BEHIND}/{instance_dir.name}")
+        for top in cgroups.tops():
+            cgroups.remove(f"{top}/{instance_dir.name}")
 
     def shutdown(self) -> None:
         if self._ptrace_probe is not None:
@@ -215,7 +219,7 @@ class GVisorBackend(Backend):
         if self.state.path.exists():
             for point in mounts.mounts_under(self.state.path):
                 mounts.unmount(point)
-        for top in ("cloche", cgroups.BEHIND):
+        for top in cgroups.tops():
             cgroups.remove(f"{top}/{self.state.instance}")
             cgroups.remove_if_empty(top)  # shared by servers side by side: kept while in use
         super().shutdown()
@@ -309,6 +313,8 @@ class GVisorSandbox(Sandbox):
             cpu_shares=cgroups.SERVING_CPU_SHARES if self.urgent else cgroups.STARTING_CPU_SHARES,
         )
         (bundle / "config.json").write_text(json.dumps(config))
+        if backend.cgroups:  # v2: cloche makes the group (see cgroups.install)
+            cgroups.install(config["linux"]["cgroupsPath"], config["linux"]["resources"])
         platform = self.platform
         if platform is None and self.restore_from is None:  # restores: see run_args
             platform = backend.platform_for_new(live)
@@ -337,11 +343,15 @@ class GVisorSandbox(Sandbox):
 
     def freeze(self) -> bool:
         self.frozen = self.backend.cgroups and cgroups.set_frozen(self._cgroup, True)
+        if self.frozen and self._ever_moved:  # v2: its processes may be behind
+            cgroups.set_frozen(self._behind, True)
         return self.frozen
 
     def thaw(self) -> None:
         if self.frozen:
             cgroups.set_frozen(self._cgroup, False)
+            if self._ever_moved:
+                cgroups.set_frozen(self._behind, False)
             self.frozen = False
 
     def cpu_seconds(self) -> float | None:
@@ -351,13 +361,22 @@ class GVisorSandbox(Sandbox):
         return used if behind is None or used is None else used + behind
 
     def memory_bytes(self) -> int | None:
-        return cgroups.memory_bytes(self._cgroup) if self.backend.cgroups else None
+        if not self.backend.cgroups:
+            return None
+        used = cgroups.memory_bytes(self._cgroup)
+        # On v2, pages faulted in while behind are charged there (cgroups/behind.py).
+        behind = cgroups.memory_bytes(self._behind) if self._ever_moved else None
+        return used if behind is None or used is None else used + behind
 
     def oom_killed(self) -> bool:
-        return self.backend.cgroups and cgroups.oom_killed(self._cgroup)
+        if not self.backend.cgroups:
+            return False
+        return cgroups.oom_killed(self._cgroup) or (
+            self._ever_moved and cgroups.oom_killed(self._behind)
+        )
 
     def peers_cpu_seconds(self) -> float | None:
-        return cgroups.cpu_usage_s(f"/cloche/{self.backend.state.instance}")
+        return cgroups.cpu_usage_s(f"{cgroups.tops()[0]}/{self.backend.state.instance}")
 
     def checkpoint(
         self, image: Path, *, leave_running: bool = False, compressed: bool = True

@@ -1,4 +1,5 @@
-"""Host mounts of sandboxes: a size-limited tmpfs per sandbox, overlays over templates."""
+"""Host mounts of sandboxes: a size-limited tmpfs per sandbox, overlays over templates;
+and making a read-only mount writable (a container's own cgroups, sandbox/cgroups/host.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _MS_NOSUID = 2
 _MS_NODEV = 4
 _MNT_DETACH = 2
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+# Flags a bind remount must repeat (statvfs's ST_* have mount's MS_* values): nosuid,
+# nodev, noexec, noatime, nodiratime, relatime.
+_KEPT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096
 
 
 def mount_tmpfs(path: Path, size_mib: int, uid: int, gid: int) -> None:
@@ -34,6 +40,15 @@ def mount_overlay(path: Path, lower: Path, upper: Path, work: Path) -> None:
     if _libc.mount(b"overlay", bytes(path), b"overlay", flags, options) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mount overlay on {path} over {lower}: {os.strerror(errno)}")
+
+
+def remount_read_write(path: Path) -> None:
+    """Make the mount on path writable (a bind remount: its filesystem is left as it is),
+    keeping its other flags."""
+    flags = _MS_REMOUNT | _MS_BIND | (os.statvfs(path).f_flag & _KEPT_FLAGS)
+    if _libc.mount(None, bytes(path), None, flags, None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"remount {path} read-write: {os.strerror(errno)}")
 
 
 def unmount(path: Path) -> None:
