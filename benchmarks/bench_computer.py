@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as exc:  # noqa: BLE001 - reported, and the rest runs
                         samples.notes.append(f"PART {part} NOT FINISHED: {exc}")
                         log(f"PART {part} FAILED: {exc}")
+            api.close_all()
             api.http.close()
         args.out.mkdir(parents=True, exist_ok=True)
         shutil.copy(server.log_path, args.out / "computer-serve.log")

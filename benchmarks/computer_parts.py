@@ -22,6 +22,7 @@ from serving import Serve
 
 TEMPLATE = "debian"
 LAYER_MIB = 100
+LAYER = "/usr/local/share/layer.bin"  # root writes LAYER_MIB there, in its system layer
 BLOCK = 20  # samples of one kind in a row, then the next kind (all see the same machine)
 
 
@@ -81,6 +82,15 @@ class Api:
 
     def delete(self, session: str) -> None:
         self.call("DELETE", f"/v1/sessions/{session}")
+
+    def close_all(self) -> None:
+        """Close every session left (by a part that failed): the server then stops at once
+        instead of pausing them to disk."""
+        for session in self.call("GET", "/v1/sessions")["sessions"]:
+            try:
+                self.delete(session["id"])
+            except RuntimeError as exc:
+                log(f"closing {session['id']}: {exc}")
 
 
 # -- setting up ------------------------------------------------------------------------------
@@ -146,10 +156,10 @@ def shell():
     subprocess.run(['/bin/bash', '-lc', 'true'])
 floors = {}
 kinds = (
-    ('fork+exit (no exec)', fork, N),
-    ('posix_spawn /bin/true', spawn, N),
-    ('subprocess /bin/true', run, N),
-    ('subprocess bash -lc true', shell, N // 4),
+    ('fork+exit (no exec)', fork, ROUNDS),
+    ('posix_spawn /bin/true', spawn, ROUNDS),
+    ('subprocess /bin/true', run, ROUNDS),
+    ('subprocess bash -lc true', shell, max(2, ROUNDS // 4)),
 )
 for name, fn, n in kinds:
     times = []
@@ -176,6 +186,11 @@ def commands(api: Api, samples: Samples, rounds: int) -> None:
             "command /bin/true, args (no shell)",
             lambda: api.command(session, cmd="/bin/true", args=[]),
         ),
+        # The same relay (host -> kernel -> supervisor and back), no process started.
+        (
+            "list commands (the relay, no process)",
+            lambda: api.call("GET", f"/v1/sessions/{session}/commands"),
+        ),
     ]
     for _, fn in kinds:  # warm: the first of each imports and caches
         fn()
@@ -183,7 +198,8 @@ def commands(api: Api, samples: Samples, rounds: int) -> None:
         for name, fn in kinds:
             for _ in range(BLOCK):
                 samples.add(name, timed_ms(fn)[0])
-    floors = api.cell(session, FLOOR_CODE.replace("N", str(max(8, rounds // 2))))
+    # Few: forking the kernel's process costs tens of ms to seconds on a busy machine.
+    floors = api.cell(session, FLOOR_CODE.replace("ROUNDS", str(max(8, rounds // 10))))
     for name, times in floors.items():
         for value in times:
             samples.add(f"inside, from a cell: {name}", value)
@@ -201,7 +217,7 @@ def durability(api: Api, samples: Samples, rounds: int) -> None:
     plain, heavy = api.create(), api.create()
     api.command(
         heavy,
-        cmd=f"head -c {LAYER_MIB}M /dev/urandom > /usr/local/share/layer.bin",
+        cmd=f"head -c {LAYER_MIB}M /dev/urandom > {LAYER}",
         user="root",
         timeout=600,
     )
@@ -224,12 +240,20 @@ def durability(api: Api, samples: Samples, rounds: int) -> None:
                 f"fork: the copy's first cell ({name})",
                 timed_ms(lambda c=copy: api.cell(c, "1+1"))[0],
             )
-            size = api.command(copy, cmd="stat -c %s /usr/local/share/layer.bin || echo 0")[
-                "stdout"
-            ]
-            expected = LAYER_MIB * 1024 * 1024 if session == heavy else 0
-            if int(size.split()[0]) != expected:
-                raise RuntimeError(f"the copy's layer holds {size!r} bytes, not {expected}")
+            size = api.cell(
+                copy, f"import os\np = {LAYER!r}\nos.path.exists(p) and os.path.getsize(p)"
+            )
+            if size != (LAYER_MIB * 1024 * 1024 if session == heavy else False):
+                raise RuntimeError(f"the copy's layer holds {size} bytes")
+            # A command in the copy too (its supervisor was checkpointed and restored).
+            done = api.call(
+                "POST", f"/v1/sessions/{copy}/commands", {"cmd": "true || false", "timeout": 30}
+            )
+            if done["status"] != "exited":
+                samples.notes.append(
+                    f"a command in a fork's copy ({name}) did not end: {done['status']}, "
+                    f"{done['end_reason']} after {done['duration_ms']:.0f} ms"
+                )
             api.delete(copy)
     api.delete(plain)
     api.delete(heavy)
@@ -241,7 +265,7 @@ PTY_FLOOR_CODE = """
 import os, time, tty
 master, slave = os.openpty()
 times = []
-for _ in range(N):
+for _ in range(ROUNDS):
     started = time.perf_counter()
     os.write(master, b'x')
     os.read(master, 64)
@@ -287,7 +311,7 @@ def keystrokes(api: Api, samples: Samples, rounds: int) -> None:
             samples.add(
                 "cell `1+1` (same session, HTTP)", timed_ms(lambda: api.cell(session, "1+1"))[0]
             )
-    inside = api.cell(session, PTY_FLOOR_CODE.replace("N", str(rounds)))
+    inside = api.cell(session, PTY_FLOOR_CODE.replace("ROUNDS", str(rounds)))
     for value in inside:
         samples.add("inside, from a cell: a byte echoed by gVisor's pty", value)
     api.delete(session)
