@@ -64,3 +64,12 @@ def debian_tar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("debian") / "bookworm.tar"
     yield make_debian_tar(path)
     path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def debian_tar_without_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A Debian bookworm minbase root tarball without python3, with a setuid-root copy of
+    `id` (images_support.SETUID_ID), made by mmdebstrap once per run (removed at its end)."""
+    path = tmp_path_factory.mktemp("debian-without-python") / "bookworm.tar"
+    yield make_debian_tar(path, python=False)
+    path.unlink(missing_ok=True)

@@ -31,15 +31,28 @@ _OFFLINE = (
 )
 
 
-def make_debian_tar(path: Path) -> Path:
-    """`mmdebstrap --variant=minbase --include=python3,python3-yaml bookworm PATH`."""
+IMAGE_MARKER = "/etc/cloche-test-image"  # a file only the test's images have, naming which
+SETUID_ID = "/usr/local/bin/rootid"  # in the image without python3: a setuid-root copy of id
+
+
+def make_debian_tar(path: Path, *, python: bool = True) -> Path:
+    """`mmdebstrap --variant=minbase --include=python3,python3-yaml bookworm PATH`, with
+    IMAGE_MARKER saying "debian"; without python (python=False) the minbase alone, marked
+    "debian-without-python", with SETUID_ID in it."""
     if shutil.which("mmdebstrap") is None:
         pytest.fail("mmdebstrap is missing: scripts/install.sh --dev installs it")
+    marker = "debian" if python else "debian-without-python"
+    hooks = [f'echo {marker} > "$1"{IMAGE_MARKER}']
+    if not python:
+        hooks.append(f'cp "$1"/usr/bin/id "$1"{SETUID_ID} && chmod 4755 "$1"{SETUID_ID}')
+    options = [f"--customize-hook={hook}" for hook in hooks]
+    if python:
+        options.append("--include=python3,python3-yaml")
     done = subprocess.run(
         [
             "mmdebstrap",
             "--variant=minbase",
-            "--include=python3,python3-yaml",
+            *options,
             "bookworm",
             str(path),
         ],

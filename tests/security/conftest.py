@@ -9,7 +9,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from cloche.client.tcp import TCPClient
@@ -43,12 +45,30 @@ def secure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerTh
 
 
 class Attacker:
-    """A connection and a fresh session for one attack."""
+    """A connection and a fresh session for one attack: cells over TCP, commands (as root
+    inside, unless said otherwise) over HTTP."""
 
     def __init__(self, server: ServerThread) -> None:
         self.server = server
         self.client = server.client()
         self.session_id = self.client.run("0")["session_id"]
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120)
+
+    def sh(self, cmd: str, user: str | None = "root", timeout_s: float = 60) -> dict[str, Any]:
+        """Run a command line in the session (through its shell); the server's answer."""
+        body: dict[str, Any] = {"cmd": cmd, "timeout": timeout_s}
+        if user is not None:
+            body["user"] = user
+        reply = self.http.post(f"/v1/sessions/{self.session_id}/commands", json=body)
+        assert reply.status_code == 200, reply.text
+        answer: dict[str, Any] = reply.json()
+        return answer
+
+    def out(self, cmd: str, user: str | None = "root") -> str:
+        """stdout and stderr of a command that must run to its end (whatever its status)."""
+        answer = self.sh(cmd, user)
+        assert answer["status"] == "exited", answer
+        return str(answer["stdout"]) + str(answer["stderr"])
 
     def run(self, code: str, timeout_s: float | None = None) -> dict[str, object]:
         return self.client.run(code, self.session_id, timeout_s=timeout_s)
@@ -112,11 +132,26 @@ class Witness:
         assert self.errors == []
 
 
+def assert_server_well(server: ServerThread) -> None:
+    """The server is healthy and a new session answers a cell (after any attack)."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as http:
+        assert http.get("/health").status_code == 200
+        created = http.post("/v1/sessions", json={})
+        assert created.status_code == 201, created.text
+        session = created.json()["id"]
+        done = http.post(f"/v1/sessions/{session}/execute", json={"code": "6 * 7"})
+        assert done.status_code == 200 and done.json()["result_json"] == 42, done.text
+        assert http.delete(f"/v1/sessions/{session}").status_code == 204
+
+
 @pytest.fixture
 def attacker(secure_server: ServerThread) -> Iterator[Attacker]:
     attack = Attacker(secure_server)
     yield attack
     attack.client.close()
+    attack.http.close()
+    # Whatever the attack did to its own session, the server is well afterwards.
+    assert_server_well(secure_server)
     # Each attack gets a fresh session: free it, so idle sandboxes don't pile up.
     manager = secure_server.server.manager
     if attack.session_id in {info.id for info in manager.list()}:

@@ -21,7 +21,7 @@ def test_cant_read_host_passwd(attacker, witness):
     """Read the host's /etc/passwd. Outcome: only the sandbox's own three accounts."""
     with witness.watching():
         output = attacker.value("[line.split(':')[0] for line in open('/etc/passwd')]")
-    assert output == "['root', 'sandbox', 'nobody']\n"
+    assert output == "['root', 'user', 'nobody']\n"
 
 
 def test_cant_read_host_root_home(attacker, witness):

@@ -77,9 +77,13 @@ class Interpreters:
             (p for p in host_libs.glob("ld-linux*.so*") if p.is_file()), host_libs / "ld.so"
         )
         inside = Path(FOREIGN_PYTHON) / Path(self.python).relative_to(self.prefix)
-        library_path = [FOREIGN_LIBS, f"{FOREIGN_PYTHON}/lib"]
+        # The interpreter's own libraries first, as its RUNPATH has them on the host: the
+        # host's library directory may hold another build's libpython of the same X.Y
+        # (Debian's, beside a pyenv's), whose symbols the extension modules don't match.
+        library_path = [f"{FOREIGN_PYTHON}/lib"]
         if libs.is_relative_to(self.prefix) and libs != self.prefix / "lib":
             library_path.append(str(Path(FOREIGN_PYTHON) / libs.relative_to(self.prefix)))
+        library_path.append(FOREIGN_LIBS)
         mounts = [m for m in mounts if m.destination != str(self.prefix)]
         mounts += [Mount(self.prefix, FOREIGN_PYTHON), Mount(host_libs, FOREIGN_LIBS)]
         loader_inside = f"{FOREIGN_LIBS}/{loader.name}"
