@@ -133,17 +133,19 @@ class CommandFailed(ClocheError):
 
     Attributes:
         result: the command's `CommandResult` (its output, exit code, status).
+        command: the command line, as it was asked.
     """
 
-    def __init__(self, result: Any) -> None:
-        how = (
-            f"exited with {result.exit_code}"
-            if result.exit_code is not None
-            else f"ended: {result.status}" + (f" ({result.signal})" if result.signal else "")
-        )
-        tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:]
-        super().__init__(f"command {result.pid} {how}" + (f": {tail[0][:200]}" if tail else ""))
+    def __init__(self, result: Any, command: str = "") -> None:
+        if result.exit_code is not None:
+            how = f"exited with {result.exit_code}"
+        else:
+            how = f"ended: {result.status}" + (f" ({result.signal})" if result.signal else "")
+        what = f"command {command!r}" if command else f"command {result.pid}"
+        last = (result.stderr or result.stdout or "").strip().splitlines()[-1:]
+        super().__init__(f"{what} {how}" + (f": {last[0][:200]}" if last else ""))
         self.result = result
+        self.command = command
 
 
 class TemplateError(ClocheError):

@@ -56,7 +56,8 @@ def test_check_raises_command_failed_only_when_asked(session):
         session.commands.run("echo no luck >&2; exit 4", check=True)
     assert failed.value.result.exit_code == 4
     assert failed.value.result.stderr == "no luck\n"
-    assert "no luck" in str(failed.value) and isinstance(failed.value, cloche.ClocheError)
+    assert str(failed.value) == "command 'echo no luck >&2; exit 4' exited with 4: no luck"
+    assert isinstance(failed.value, cloche.ClocheError)
     with pytest.raises(cloche.CommandFailed) as timed_out:
         session.commands.run("sleep 30", timeout=1, check=True)
     assert timed_out.value.result.status == "timeout"

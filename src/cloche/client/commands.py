@@ -197,7 +197,7 @@ class AsyncCommands:
 
             result = await self.stream(body, on_output=text, stdin=stdin)
         if check and not result.ok:
-            raise CommandFailed(result)
+            raise CommandFailed(result, " ".join([cmd, *args]) if args is not None else cmd)
         return result
 
     async def stream(

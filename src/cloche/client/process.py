@@ -258,7 +258,8 @@ class AsyncProcess:
 
     async def wait(self, timeout: float | None = None) -> CommandResult:  # noqa: ASYNC109
         """Wait for its end; what it printed meanwhile (since it was attached) and how it
-        ended.
+        ended (`duration_ms` as this client saw it: from its start here, or from when it was
+        found by its pid).
 
         Args:
             timeout: seconds to wait at most (None: until it ends).

@@ -30,6 +30,7 @@ SIGPIPE_STATUS = 128 + signal.SIGPIPE  # this process's stdout was closed: as a 
 def add(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "exec",
+        usage="cloche exec [options] SESSION -- CMD [ARGS ...]",
         help="run a command in a session",
         description="Run a command in a session (one argument: a command line for the "
         "template's shell; several: a program and its arguments, run directly), its output "
@@ -50,7 +51,9 @@ def add(subparsers: Any) -> None:
         metavar="SECONDS",
         help="kill its process group after this long (default: none)",
     )
-    parser.add_argument("command", nargs="+", metavar="-- CMD ARGS", help="what to run")
+    parser.add_argument(
+        "command", nargs="+", metavar="CMD", help="after --: the command and its arguments"
+    )
     add_connection_options(parser)
     parser.set_defaults(handler=_exec)
 
