@@ -19,15 +19,20 @@ tree drawn in `cloche.errors`, all subclasses of `ClocheError`.
 __version__ = "0.1.0"
 
 from cloche.client.aio import AsyncClient, AsyncSession  # noqa: E402
+from cloche.client.commands import AsyncCommands, ProcessInfo  # noqa: E402
 from cloche.client.execution import Cell, Execution, ExecutionError, Logs, Result  # noqa: E402
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo  # noqa: E402
+from cloche.client.process import AsyncProcess, CommandResult  # noqa: E402
 from cloche.client.sync import Client, Session, run  # noqa: E402
+from cloche.client.sync_processes import Commands, Process, Terminal  # noqa: E402
+from cloche.client.terminal import AsyncTerminal  # noqa: E402
 from cloche.client.tool import tool_schema  # noqa: E402
 from cloche.errors import (  # noqa: E402
     CellNotFound,
     CheckpointFailed,
     ClientError,
     ClocheError,
+    CommandFailed,
     EgressRefused,
     Forbidden,
     InvalidMetadata,
@@ -39,6 +44,8 @@ from cloche.errors import (  # noqa: E402
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    ProcessError,
+    ProcessNotFound,
     QuotaExceeded,
     RequestTimeout,
     RequestTooLarge,
@@ -65,13 +72,19 @@ from cloche.errors import (  # noqa: E402
 
 __all__ = [
     "AsyncClient",
+    "AsyncCommands",
+    "AsyncProcess",
     "AsyncSession",
+    "AsyncTerminal",
     "Cell",
     "CellNotFound",
     "CheckpointFailed",
     "Client",
     "ClientError",
     "ClocheError",
+    "CommandFailed",
+    "CommandResult",
+    "Commands",
     "EgressRefused",
     "Execution",
     "ExecutionError",
@@ -87,6 +100,10 @@ __all__ = [
     "PackageInstallError",
     "PathNotFound",
     "PathRefused",
+    "Process",
+    "ProcessError",
+    "ProcessInfo",
+    "ProcessNotFound",
     "QuotaExceeded",
     "RequestTimeout",
     "RequestTooLarge",
@@ -109,6 +126,7 @@ __all__ = [
     "TemplateNotFound",
     "TemplateNotReady",
     "TemplateRefused",
+    "Terminal",
     "TooManyPausedSessions",
     "TooManySessions",
     "Unauthorized",

@@ -15,6 +15,7 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── LLMUnavailable          the server has no LLM backend (--llm-base-url)
     │   └── LLMBudgetExceeded       a session spent its budget (--llm-max-calls, ...)
     ├── PackageInstallError         `%pip install` refused or failed (a cell sees it as such)
+    ├── CommandFailed               a command did not exit 0 and its caller asked so (check=True)
     ├── TemplateError               a template can't be built, found or used
     │   ├── TemplateNotFound        no template of that name
     │   ├── TemplateExists          one of that name is ready or being built (delete it first)
@@ -67,6 +68,8 @@ tenant's quota), a 503 is `SandboxError`; about templates, a 404 is `TemplateNot
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ClocheError(Exception):
@@ -121,6 +124,28 @@ class LLMBudgetExceeded(LLMError):
 class PackageInstallError(ClocheError):
     """Packages could not be installed into a session: refused by policy, unknown, no wheel
     for the sandbox, too large, or the index failed. The session is left as it was."""
+
+
+class CommandFailed(ClocheError):
+    """A command ended without exiting 0 (a non-zero exit, a signal, its timeout, a kill)
+    and its caller asked for that to raise (`check=True`); without it, how a command ended
+    is data (`CommandResult.exit_code`, `.status`).
+
+    Attributes:
+        result: the command's `CommandResult` (its output, exit code, status).
+        command: the command line, as it was asked.
+    """
+
+    def __init__(self, result: Any, command: str = "") -> None:
+        if result.exit_code is not None:
+            how = f"exited with {result.exit_code}"
+        else:
+            how = f"ended: {result.status}" + (f" ({result.signal})" if result.signal else "")
+        what = f"command {command!r}" if command else f"command {result.pid}"
+        last = (result.stderr or result.stdout or "").strip().splitlines()[-1:]
+        super().__init__(f"{what} {how}" + (f": {last[0][:200]}" if last else ""))
+        self.result = result
+        self.command = command
 
 
 class TemplateError(ClocheError):

@@ -140,3 +140,21 @@ def test_parse_request_does_return_a_request_or_raise_invalid_message(message):
     assert request.code == message["code"]
     assert request.session_id is None or request.session_id == message["session_id"]
     assert request.timeout_s is None or (math.isfinite(request.timeout_s) and request.timeout_s > 0)
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ({}, None),
+        ({"template": None}, None),
+        ({"template": ""}, None),
+        ({"template": "debian"}, "debian"),
+    ],
+)
+def test_parse_request_does_read_a_new_session_s_template(message, expected):
+    assert parse_request({"code": "x", **message}).template == expected
+
+
+def test_parse_request_does_refuse_a_template_that_is_not_a_string():
+    with pytest.raises(InvalidMessage, match="'template' must be a string"):
+        parse_request({"code": "x", "template": ["debian"]})

@@ -308,3 +308,22 @@ def test_command_ends_are_counted_by_reason(http, session):
             == (before[0] + 1, before[1] + 1)
         )
     )
+
+
+def test_a_background_start_asked_as_events_streams_from_its_first_byte(http, session):
+    with http.stream(
+        "POST",
+        f"/v1/sessions/{session}/commands",
+        json={"cmd": "echo early; exec sleep 1007", "background": True},
+        headers={"Accept": "text/event-stream"},
+    ) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+        kind, started = next(events)
+        assert kind == "start" and isinstance(started["pid"], int)
+        assert next(events) == ("stdout", {"data": "early\n"})
+    # Leaving the stream only stopped listening: it runs on.
+    listed = http.get(f"/v1/sessions/{session}/commands").json()["commands"]
+    assert [c["pid"] for c in listed] == [started["pid"]]
+    assert http.delete(f"/v1/sessions/{session}/commands/{started['pid']}").status_code == 204
+    wait_until(lambda: http.get(f"/v1/sessions/{session}/commands").json()["commands"] == [])

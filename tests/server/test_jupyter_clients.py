@@ -32,6 +32,8 @@ from traitlets import Type
 from websockets.sync.client import connect
 
 from cloche.config import Limits
+from cloche.sandbox.images import TemplateSource
+from images_support import small_root
 from support import ServerThread, make_config, require_gvisor
 
 TOKEN = "t1"
@@ -488,3 +490,62 @@ async def test_stock_gateway_kernel_client_is_refused_without_the_token(
     finally:
         await manager.shutdown_kernel()
     assert manager.kernel_id not in session_ids(cloche)
+
+
+# --- 4. a kernelspec per template ------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_template(gateway, tmp_path) -> Iterator[str]:
+    """A ready template of a tiny root (no python of its own: cells run on cloche's)."""
+    manager = gateway.server.manager
+    source = TemplateSource("tar", str(small_root(tmp_path / "tiny.tar")))
+    gateway.call(manager.build_template("tiny", source))
+
+    def ready() -> bool:
+        info = gateway.call(manager.template("tiny"))
+        assert info.state.value != "failed", info.error  # type: ignore[attr-defined]
+        return bool(info.state.value == "ready")  # type: ignore[attr-defined]
+
+    wait_for(ready, "the template to be built", timeout_s=300)
+    yield "tiny"
+    gateway.call(manager.delete_template("tiny"))
+
+
+async def test_a_template_s_kernelspec_starts_a_session_of_that_template(
+    gateway, gateway_client_config, cloche, tiny_template
+):
+    specs = cloche.get("/api/kernelspecs").json()
+    assert specs["default"] == "python3"
+    spec = specs["kernelspecs"]["cloche-template-tiny"]
+    assert "tiny" in spec["spec"]["display_name"] and spec["spec"]["language"] == "python"
+    assert "cloche-template-python" not in specs["kernelspecs"]  # python is python3's
+    manager = TokenGatewayKernelManager()
+    await manager.start_kernel(kernel_name="cloche-template-tiny")
+    client = manager.client()
+    await client.start_channels()
+    try:
+        kernel_id = manager.kernel_id
+        session = cloche.get(f"/v1/sessions/{kernel_id}").json()
+        assert (session["template"], session["profile"]) == ("tiny", "lean")
+        assert cloche.get(f"/api/kernels/{kernel_id}").json()["name"] == "cloche-template-tiny"
+        await client.wait_for_ready(timeout=RECV_TIMEOUT_S)
+        reply = await client.execute(
+            "print(open('/bin/sh').read().strip())", reply=True, timeout=RECV_TIMEOUT_S
+        )
+        assert reply["content"]["status"] == "ok"
+        printed = []
+        while True:  # its iopub messages, to its idle
+            message = await client.get_iopub_msg(timeout=RECV_TIMEOUT_S)
+            if message["parent_header"].get("msg_id") != reply["parent_header"]["msg_id"]:
+                continue
+            if message["msg_type"] == "stream":
+                printed.append(message["content"]["text"])
+            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                break
+        assert "".join(printed) == "#!not really a shell\n"  # the template's own root
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel()
+    unknown = cloche.post("/api/kernels", json={"name": "cloche-template-nope"})
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"]["message"]

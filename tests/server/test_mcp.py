@@ -27,6 +27,7 @@ CLOCHE = Path(sys.executable).parent / "cloche"
 TOKEN = "mcp-token"
 TOOLS = {
     "run_python",
+    "run_command",
     "create_session",
     "close_session",
     "list_sessions",
@@ -211,6 +212,58 @@ async def test_a_session_is_snapshotted_restored_and_forked_by_tools(url, api):
         for sid in (original, copy, *copies):
             await client.call_tool("close_session", {"session_id": sid})
         api.call(api.server.manager.delete_snapshot(snapshot, TOKEN))
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_command_runs_beside_the_cells_and_tells_how_it_ended(url, api, transport):
+    async with CONNECTIONS[transport](url) as client:
+        wrote = await run(client, "open('from-cell.txt', 'w').write('written by a cell')")
+        assert not wrote.is_error, text_of(wrote)
+        read = await client.call_tool("run_command", {"cmd": "cat from-cell.txt; echo; id -un"})
+        assert not read.is_error, text_of(read)
+        done = read.structured_content
+        assert (done["exit_code"], done["status"], done["end_reason"]) == (0, "exited", "ok")
+        assert done["stdout"] == "written by a cell\nuser\n" and done["stderr"] == ""
+        assert done["session_id"] == wrote.structured_content["session_id"]  # the same one
+        assert "exit code 0" in text_of(read) and "written by a cell" in text_of(read)
+        failed = await client.call_tool(
+            "run_command", {"cmd": "sh", "args": ["-c", "echo oops >&2; exit 3"]}
+        )
+        assert failed.is_error  # the model is told it did not succeed, with its output
+        assert (failed.structured_content["exit_code"], failed.structured_content["stderr"]) == (
+            3,
+            "oops\n",
+        )
+        assert "exit code 3" in text_of(failed) and "oops" in text_of(failed)
+        rooted = await client.call_tool(
+            "run_command", {"cmd": "id -u; pwd", "user": "root", "cwd": "/tmp"}
+        )
+        assert rooted.structured_content["stdout"] == "0\n/tmp\n"
+        slow = await client.call_tool("run_command", {"cmd": "sleep 30", "timeout": 1})
+        assert slow.is_error and slow.structured_content["status"] == "timeout"
+        created = await client.call_tool("create_session", {})
+        named = created.structured_content["session_id"]
+        there = await client.call_tool(
+            "run_command", {"cmd": "ls from-cell.txt", "session_id": named}
+        )
+        assert there.structured_content["exit_code"] != 0  # another session's files
+        await client.call_tool("close_session", {"session_id": named})
+        missing = await client.call_tool("run_command", {"cmd": "true", "session_id": "nope"})
+        assert missing.is_error and "not found" in text_of(missing)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_session_is_made_of_the_template_asked(url, transport):
+    async with CONNECTIONS[transport](url) as client:
+        made = await client.call_tool("create_session", {"template": "python"})
+        assert not made.is_error, text_of(made)
+        assert made.structured_content["template"] == "python"
+        assert "template python" in text_of(made)
+        await client.call_tool(
+            "close_session", {"session_id": made.structured_content["session_id"]}
+        )
+        refused = await client.call_tool("create_session", {"template": "no-such"})
+        assert refused.is_error and "TemplateNotFound" in text_of(refused)
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

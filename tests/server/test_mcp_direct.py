@@ -12,6 +12,7 @@ import pytest
 from cloche.config import Limits
 from cloche.errors import SessionNotFound
 from cloche.server.mcp.direct import ManagerClient
+from cloche.sessions.commands import CommandResult, CommandSpec
 from cloche.sessions.history import CellEntry
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import SessionInfo, SessionState
@@ -39,11 +40,18 @@ class RecordingManager:
         snapshot: Any = None,
         egress: Any = None,
         metadata: Any = None,
+        template: Any = None,
     ):
         self.calls.append(("create", owner))
         self.egress = egress
         self.metadata = metadata
+        self.template = template
         return _info("s1", profile)
+
+    async def run_command(self, session_id: str, spec: CommandSpec, *, owner=None, front_end=""):
+        self.calls.append(("run_command", owner))
+        self.command = (session_id, spec, front_end)
+        return CommandResult(7, exit_code=3, stdout="out\n", stderr="err\n", end_reason="error")
 
     async def info(self, session_id: str, owner: str | None = None) -> SessionInfo:
         self.calls.append(("info", owner))
@@ -123,8 +131,11 @@ def _client(manager: RecordingManager, timeouts: dict[str, float] | None = None)
 
 async def test_every_call_reaches_the_manager_as_the_callers_token(manager):
     client = _client(manager)
-    session = await client.create_session("data", egress="research", metadata={"a": "b"})
+    session = await client.create_session(
+        "data", egress="research", metadata={"a": "b"}, template="python"
+    )
     assert (session.id, session.info.profile) == ("s1", "data")
+    assert manager.template == "python"
     assert manager.egress == "research"  # MCP's create_session asks for the policy named
     assert manager.metadata == {"a": "b"}
     await session.refresh()
@@ -177,3 +188,25 @@ async def test_closing_twice_is_fine_and_an_ended_session_is_not_found(manager):
     await session.close()
     with pytest.raises(SessionNotFound):
         await client.session("s1")
+
+
+async def test_a_command_reads_as_the_http_api_answers_it(manager):
+    session = await _client(manager).session("s1")
+    result = await session.commands.run("ls", args=["-l"], cwd="/tmp", user="root", timeout=5)
+    assert (result.pid, result.exit_code, result.status, result.end_reason) == (
+        7,
+        3,
+        "exited",
+        "error",
+    )
+    assert (result.stdout, result.stderr, result.ok) == ("out\n", "err\n", False)
+    session_id, spec, front_end = manager.command
+    assert (session_id, front_end) == ("s1", "mcp")
+    assert (spec.cmd, spec.args, spec.cwd, spec.user, spec.timeout_s) == (
+        "ls",
+        ("-l",),
+        "/tmp",
+        "root",
+        5,
+    )
+    assert manager.calls[-1] == ("run_command", TOKEN)

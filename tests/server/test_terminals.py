@@ -134,3 +134,14 @@ def test_refusals_close_with_the_status(server, session):
     with terminal(server, session, headers=other) as ws, pytest.raises(ConnectionClosed) as closed:
         ws.recv(timeout=60)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
+
+
+def test_closing_while_output_flows_still_hangs_the_shell_up(server, http, session):
+    with terminal(server, session) as ws:
+        ws.send(b"yes flowing\r")
+        read_until(ws, b"flowing\r\nflowing")
+    # closed mid-flood: the server's send to the socket fails
+    deadline = time.monotonic() + 60
+    while shells(http, session):
+        assert time.monotonic() < deadline, shells(http, session)
+        time.sleep(0.05)

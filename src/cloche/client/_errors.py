@@ -25,6 +25,8 @@ from cloche.errors import (
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    ProcessError,
+    ProcessNotFound,
     QuotaExceeded,
     RequestTimeout,
     RequestTooLarge,
@@ -77,6 +79,7 @@ _BY_KIND: dict[str, type[ClocheError]] = {
     "template_in_use": TemplateInUse,
     "template_refused": TemplateRefused,
     "not_supported": NotSupported,
+    "process_error": ProcessError,
 }
 
 
@@ -162,6 +165,8 @@ def error_for(
             return SnapshotNotFound(snapshot_id)
         if file_path is not None:
             return _with_message(PathNotFound(file_path), message)
+        if "is not running" in message:  # a command's pid
+            return ProcessNotFound(message)
         if message.startswith("Template "):
             return _with_message(TemplateNotFound(message.split()[1]), message)
     if status == 410 and kind == "lost" and session_id is not None:

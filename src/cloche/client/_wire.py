@@ -14,6 +14,7 @@ class Wire(Protocol):
     """The client side of the HTTP API, as `AsyncClient` offers it to its sessions."""
 
     url: str
+    token: str | None
     timeout_s: float
     _http: httpx.AsyncClient
 

@@ -86,6 +86,7 @@ class AsyncClient:
         snapshot: str | SnapshotInfo | None = None,
         egress: str | Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
+        template: str | None = None,
     ) -> AsyncSession:
         """A new session.
 
@@ -104,6 +105,9 @@ class AsyncClient:
             metadata: labels of your choosing (string keys and values, at most 32 pairs and
                 4 KiB), to find it by with `list_sessions(metadata=...)`; from a snapshot,
                 its session's when left out.
+            template: the system it runs (`templates()` lists them): `python` (the
+                default: the server's interpreter and runtime), or one built from an
+                image; a template's sessions are of profile lean.
 
         Raises:
             InvalidMetadata: metadata of the wrong shape or over the limits.
@@ -111,6 +115,7 @@ class AsyncClient:
             TooManySessions: the server holds --max-sessions sessions already.
             SandboxError: the server could not start a sandbox.
             InvalidRequest: an unknown profile or a bad value.
+            TemplateNotFound, TemplateNotReady, TemplateFailed: the template can't serve.
             SnapshotNotFound: unknown snapshot, or another token's.
             RestoreRefused: the snapshot can't be restored on this server.
         """
@@ -119,6 +124,8 @@ class AsyncClient:
             body["snapshot"] = snapshot if isinstance(snapshot, str) else snapshot.id
         else:
             body["profile"] = profile
+        if template is not None:
+            body["template"] = template
         if timeout is not None:
             body["timeout"] = timeout
         if egress is not None:
@@ -411,4 +418,4 @@ class AsyncSession(SessionVerbs):
         await self.close()
 
     def __repr__(self) -> str:
-        return f"<AsyncSession {self.id} profile={self.info.profile}>"
+        return f"<AsyncSession {self.id} profile={self.info.profile} template={self.info.template}>"

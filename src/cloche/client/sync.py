@@ -12,62 +12,26 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
+import functools
 import os
-import signal
-import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from cloche.client._files import FileData
+from cloche.client._loop import LoopThread
 from cloche.client.aio import AsyncClient, AsyncSession
 from cloche.client.execution import Cell, Execution
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
+from cloche.client.sync_processes import Commands, Terminal
 from cloche.client.verbs import RLM_TIMEOUT_S, DisplayCallback, InputCallback, OutputCallback
 from cloche.errors import ClocheError
 
-T = TypeVar("T")
 # After Ctrl-C, how long to wait for the interrupted cell to end before dropping its stream
 # (which makes the server stop it too); the server kills a cell that ignores an interrupt
 # for its --interrupt-grace.
 INTERRUPT_WAIT_S = 15.0
-
-
-class _LoopThread:
-    """An event loop on a daemon thread, for one client's coroutines."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="cloche-client", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        # Ctrl-C must reach the thread that waits for a call, never this one (nor threads it
-        # starts, which inherit the mask): a signal taken here would not wake the waiter.
-        if hasattr(signal, "pthread_sigmask"):
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine there and wait; Ctrl-C (or any exit) cancels it."""
-        future = self.submit(coro)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self.call(self.loop.shutdown_asyncgens())  # those a cancelled call left open
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(10)
-            self.loop.close()
 
 
 class Client:
@@ -80,7 +44,7 @@ class Client:
     def __init__(
         self, url: str | None = None, token: str | None = None, *, timeout_s: float = 60.0
     ) -> None:
-        self._loop = _LoopThread()
+        self._loop = LoopThread()
         self._async = AsyncClient(url, token, timeout_s=timeout_s)
 
     @property
@@ -101,6 +65,7 @@ class Client:
         snapshot: str | SnapshotInfo | None = None,
         egress: str | Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
+        template: str | None = None,
     ) -> Session:
         """A new session, or one restored from a snapshot; see `AsyncClient.create_session`."""
         created = self._loop.call(
@@ -112,6 +77,7 @@ class Client:
                 snapshot=snapshot,
                 egress=egress,
                 metadata=metadata,
+                template=template,
             )
         )
         return Session(self._loop, created)
@@ -245,7 +211,7 @@ class Client:
 class Session:
     """A live Python interpreter in its own sandbox; see `AsyncSession`."""
 
-    def __init__(self, loop: _LoopThread, session: AsyncSession) -> None:
+    def __init__(self, loop: LoopThread, session: AsyncSession) -> None:
         self._loop = loop
         self._async = session
 
@@ -260,6 +226,15 @@ class Session:
     @property
     def metadata(self) -> dict[str, str]:
         return self._async.metadata
+
+    @functools.cached_property
+    def commands(self) -> Commands:
+        """Its commands: run, start, list; see `AsyncCommands`."""
+        return Commands(self._loop, self._async.commands)
+
+    def pty(self, cols: int = 80, rows: int = 24, cmd: str | None = None) -> Terminal:
+        """Open a terminal (a login shell, or cmd); see `AsyncSession.pty`."""
+        return Terminal(self._loop, self._loop.call(self._async.pty(cols, rows, cmd)))
 
     def run(
         self,
@@ -385,7 +360,7 @@ class Session:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Session {self.id} profile={self.info.profile}>"
+        return f"<Session {self.id} profile={self.info.profile} template={self.info.template}>"
 
 
 def run(

@@ -1,5 +1,6 @@
 """What a session does on the server: run cells, hold files and a context, answer with an
-RLM, save and copy itself, install packages, tell its history (`AsyncSession`'s verbs).
+RLM, save and copy itself, install packages, tell its history, run commands and open
+terminals (`AsyncSession`'s verbs).
 
 Its client is reached through `Wire` (`AsyncClient` is one), so that the verbs live here,
 below the client that makes sessions (`aio.py`).
@@ -7,6 +8,7 @@ below the client that makes sessions (`aio.py`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -20,8 +22,10 @@ from cloche.client import _sse
 from cloche.client._errors import ANSWER_MARGIN_S, cell_refusal, translated
 from cloche.client._files import FileData, encode, file_chunks, file_url
 from cloche.client._wire import Wire
+from cloche.client.commands import AsyncCommands
 from cloche.client.execution import Cell, Execution, Result, cell_from_json, execution_from_json
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
+from cloche.client.terminal import AsyncTerminal
 from cloche.errors import UnexpectedResponse
 
 OutputCallback = Callable[[str], Any]  # called with each chunk of stdout or stderr
@@ -60,6 +64,32 @@ class SessionVerbs:
     @property
     def _path(self) -> str:
         return f"/v1/sessions/{quote(self.id, safe='')}"
+
+    @functools.cached_property
+    def commands(self) -> AsyncCommands:
+        """Its commands: `run` one to its end, `start` one in the background, `list` those
+        running (`cloche.client.commands`)."""
+        return AsyncCommands(self.client, self.id)
+
+    async def pty(self, cols: int = 80, rows: int = 24, cmd: str | None = None) -> AsyncTerminal:
+        """Open a terminal: a login shell of the session's user (or cmd, a command line run
+        in it) on a pseudo-terminal of cols x rows. Close it (or leave `async with`) to
+        hang the shell up.
+
+        Raises (from the terminal's first read or write, when refused):
+            SessionNotFound: the session was closed or expired.
+            ProcessError: the shell could not be started.
+            NotSupported: the server offers no terminals (a cluster's front end).
+        """
+        return await AsyncTerminal.open(
+            self.client.url,
+            self.client.token,
+            self.id,
+            cols=cols,
+            rows=rows,
+            cmd=cmd,
+            timeout_s=self.client.timeout_s,
+        )
 
     async def run(
         self,

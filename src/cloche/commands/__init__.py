@@ -1,5 +1,5 @@
-"""The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, rlm,
-sessions, snapshots, templates, nodes, tool-schema, mcp, bench.
+"""The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, exec,
+shell, rlm, sessions, snapshots, templates, nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -12,12 +12,14 @@ from typing import Any
 from cloche.commands import (
     agents,
     bench,
+    execute,
     nodes,
     repl,
     rlm,
     run,
     serve,
     sessions,
+    shell,
     snapshots,
     templates,
 )
@@ -25,5 +27,18 @@ from cloche.commands import (
 
 def add_commands(subparsers: Any) -> None:
     """Register the commands on the `cloche` parser's subparsers."""
-    for module in (serve, run, repl, rlm, sessions, snapshots, templates, nodes, agents, bench):
+    for module in (
+        serve,
+        run,
+        repl,
+        execute,
+        shell,
+        rlm,
+        sessions,
+        snapshots,
+        templates,
+        nodes,
+        agents,
+        bench,
+    ):
         module.add(subparsers)

@@ -39,6 +39,37 @@ def add_egress_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def key_value(text: str) -> tuple[str, str]:
+    """KEY=VALUE, as argparse's type of an option (--env, --metadata)."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def add_env_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """--env KEY=VALUE, repeatable."""
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        type=key_value,
+        metavar="KEY=VALUE",
+        help=f"an environment variable of {what} (repeat for more)",
+    )
+
+
+def add_new_session_options(parser: argparse.ArgumentParser) -> None:
+    """--template and --env, for commands that make a session."""
+    parser.add_argument(
+        "--template",
+        default=None,
+        help="the system of a new session: python (the default), or a template built from "
+        "an image (`cloche templates`)",
+    )
+    add_env_option(parser, "a new session (its cells and commands)")
+
+
 def add_subcommand_options(actions: Sequence[argparse.ArgumentParser]) -> None:
     """--json and the connection options on each subcommand, keeping what the command
     itself was given (`cloche sessions --json list` and `cloche sessions list --json`)."""

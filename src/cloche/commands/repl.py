@@ -22,6 +22,7 @@ from cloche.client.sync import Session
 from cloche.commands.common import (
     add_connection_options,
     add_egress_option,
+    add_new_session_options,
     ask_person,
     client_of,
     reports_errors,
@@ -56,6 +57,7 @@ def add(subparsers: Any) -> None:
         help="profile of a new session: lean, data, or the server's own",
     )
     add_egress_option(parser)
+    add_new_session_options(parser)
     parser.add_argument("--keep", action="store_true", help="leave a new session open at exit")
     add_connection_options(parser)
     parser.set_defaults(handler=_repl)
@@ -155,7 +157,9 @@ def _repl(args: argparse.Namespace) -> int:
             session = client.session(args.session)
             owned = False
         else:
-            session = client.create_session(args.profile, egress=args.egress)
+            session = client.create_session(
+                args.profile, egress=args.egress, template=args.template, env=dict(args.env)
+            )
             owned = not args.keep
         save_history = _history()
         left = (

@@ -12,6 +12,7 @@ from cloche.commands.common import (
     CODE_FAILED,
     add_connection_options,
     add_egress_option,
+    add_new_session_options,
     client_of,
     reports_errors,
     show_display,
@@ -33,6 +34,7 @@ def add(subparsers: Any) -> None:
         "--profile", default="lean", help="the session's profile: lean, data, or the server's own"
     )
     add_egress_option(parser)
+    add_new_session_options(parser)
     parser.add_argument(
         "--timeout",
         type=float,
@@ -63,7 +65,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.session:
             session = client.session(args.session)
         else:
-            session = client.create_session(args.profile, egress=args.egress)
+            session = client.create_session(
+                args.profile, egress=args.egress, template=args.template, env=dict(args.env)
+            )
         try:
             execution = session.run(
                 code,

@@ -14,6 +14,7 @@ from cloche.client.info import SessionInfo, SnapshotInfo
 from cloche.commands.common import (
     add_connection_options,
     add_egress_option,
+    add_new_session_options,
     add_subcommand_options,
     client_of,
     describe,
@@ -56,6 +57,7 @@ def add(subparsers: Any) -> None:
         "--timeout", type=float, default=None, metavar="SECONDS", help="its cells' time limit"
     )
     add_egress_option(create)
+    add_new_session_options(create)
     create.set_defaults(handler=_create)
     show = actions.add_parser("show", help="what the server says about one session")
     show.add_argument("id")
@@ -159,12 +161,13 @@ def _list(args: argparse.Namespace) -> int:
         print("no sessions")
         return 0
     print(
-        f"{'ID':<36}  {'PROFILE':<7}  {'STATE':<8}  {'CELLS':>5}  {'CREATED (UTC)':<19}  METADATA"
+        f"{'ID':<36}  {'PROFILE':<7}  {'TEMPLATE':<8}  {'STATE':<8}  {'CELLS':>5}  "
+        f"{'CREATED (UTC)':<19}  METADATA"
     )
     for info in listed:
         created = info.created_at.strftime("%Y-%m-%d %H:%M:%S")
         print(
-            f"{info.id:<36}  {info.profile:<7}  {info.state:<8}  "
+            f"{info.id:<36}  {info.profile:<7}  {info.template:<8}  {info.state:<8}  "
             f"{info.execution_count:>5}  {created:<19}  {_labels(info.metadata)}".rstrip()
         )
     return 0
@@ -174,7 +177,12 @@ def _list(args: argparse.Namespace) -> int:
 def _create(args: argparse.Namespace) -> int:
     with client_of(args) as client:
         made = client.create_session(
-            args.profile, timeout=args.timeout, egress=args.egress, metadata=dict(args.metadata)
+            args.profile,
+            timeout=args.timeout,
+            egress=args.egress,
+            metadata=dict(args.metadata),
+            template=args.template,
+            env=dict(args.env),
         )
     if args.json:
         print(json.dumps(_as_json(made.info), indent=2))
@@ -285,6 +293,7 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     print(f"id         {info.id}")
     print(f"profile    {info.profile}")
+    print(f"template   {info.template}")
     print(f"state      {info.state}")
     print(f"cells      {info.execution_count}")
     print(f"created    {info.created_at.isoformat()}")

@@ -26,6 +26,7 @@ class Request:
     timeout_s: float | None = None
     token: str | None = None
     profile: str = "lean"  # for a new session: lean, or data (the data stack imported)
+    template: str | None = None  # for a new session: its system (None: the built-in python)
 
 
 def parse_request(message: dict[str, Any]) -> Request:
@@ -53,8 +54,12 @@ def parse_request(message: dict[str, Any]) -> Request:
     profile = message.get("profile", "lean")
     if not isinstance(profile, str):
         raise InvalidMessage("Invalid request: 'profile' must be a string")
+    template = message.get("template")
+    if template is not None and not isinstance(template, str):
+        raise InvalidMessage("Invalid request: 'template' must be a string")
     return Request(
         profile=profile,
+        template=template or None,
         code=code,
         session_id=session_id or None,
         timeout_s=float(timeout) if timeout is not None else None,

@@ -156,7 +156,12 @@ class TCPFrontEnd:
         try:
             if request.session_id is None:
                 session_id, result = await self.manager.create_and_execute(
-                    request.code, owner=owner, timeout_s=request.timeout_s, profile=request.profile
+                    request.code,
+                    owner=owner,
+                    timeout_s=request.timeout_s,
+                    profile=request.profile,
+                    template=request.template,
+                    front_end="tcp",
                 )
             else:
                 session_id = request.session_id

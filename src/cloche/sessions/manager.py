@@ -313,11 +313,14 @@ class SessionManager(ProcessVerbs, abc.ABC):
         timeout_s: float | None = None,
         on_event: EventCallback | None = None,
         profile: str = "lean",
+        template: str | None = None,
+        front_end: str = "",
     ) -> tuple[str, CellResult]:
-        """Create a session and run a first cell in it; (session id, result)."""
-        info = await self.create(owner, profile)
+        """Create a session (of a profile and template) and run a first cell in it;
+        (session id, result)."""
+        info = await self.create(owner, profile, template=template)
         result = await self.execute(
-            info.id, code, owner=owner, timeout_s=timeout_s, on_event=on_event
+            info.id, code, owner=owner, timeout_s=timeout_s, on_event=on_event, front_end=front_end
         )
         return info.id, result
 

@@ -5,7 +5,9 @@ A foreground run answers its whole result, or, with `Accept: text/event-stream` 
 `?stream=true`), `start {pid}`, then `stdout`/`stderr` events `{"data": text}` (or
 `{"data": base64, "encoding": "base64"}` where the output is not UTF-8) as they happen,
 then `end {exit_code, status, ...}`. A client that leaves a foreground stream kills its
-command; an attached stream (GET .../commands/{pid}) only stops listening.
+command; an attached stream (GET .../commands/{pid}) only stops listening, and so does the
+stream of a background start asked as events (`start {pid}`, its output from its first
+byte, its end): the command runs on.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ def spec_of(body: CommandIn, *, pty: tuple[int, int] | None = None) -> CommandSp
 @router.post(
     "/{session_id}/commands",
     response_model=CommandOut,
-    summary="Run a command (stream it with Accept: text/event-stream; background: 201)",
+    summary="Run a command (stream it with Accept: text/event-stream; background: 201, or "
+    "its events from its first byte when streamed)",
     responses={200: {"content": {"text/event-stream": {}}}, 201: {"model": Started}},
 )
 async def run_command(
@@ -140,10 +143,13 @@ async def run_command(
 ) -> Any:
     manager = _manager(request)
     spec = spec_of(body)
+    streamed = stream or "text/event-stream" in request.headers.get("accept", "")
+    if body.background and streamed:
+        return await _stream_started(manager, session_id, spec, owner)
     if body.background:
         pid = await manager.start_command(session_id, spec, owner=owner, front_end="http")
         return JSONBody({"pid": pid}, status_code=201)
-    if stream or "text/event-stream" in request.headers.get("accept", ""):
+    if streamed:
         return await _stream_run(request, manager, session_id, spec, owner)
     result = await manager.run_command(session_id, spec, owner=owner, front_end="http")
     return JSONBody(result.to_json())
@@ -220,6 +226,24 @@ async def kill(
 ) -> Response:
     await _manager(request).kill_command(session_id, pid, owner)
     return Response(status_code=204)
+
+
+async def _stream_started(
+    manager: SessionManager, session_id: str, spec: CommandSpec, owner: str | None
+) -> StreamingResponse:
+    """A background start as events, from its first byte; leaving only stops listening."""
+    pid, events = await manager.open_command(session_id, spec, owner=owner, front_end="http")
+
+    async def body() -> AsyncIterator[bytes]:
+        encoder = _Encoder()
+        try:
+            yield _sse("start", {"pid": pid})
+            async for event in events:
+                yield encoder.frame(event)
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    return _sse_response(body())
 
 
 async def _stream_run(

@@ -85,7 +85,9 @@ async def serve_terminal(
         await _pump_in(websocket, manager, session_id, pid, owner, output)
     finally:
         output.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ClocheError):
+        # A client gone mid-output fails the send (WebSocketDisconnect): the shell is hung
+        # up all the same.
+        with contextlib.suppress(asyncio.CancelledError, ClocheError, WebSocketDisconnect):
             await output
         if not output.done() or not _ended(output):
             with contextlib.suppress(ClocheError):

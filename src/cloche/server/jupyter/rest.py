@@ -1,5 +1,10 @@
 """The gateway's REST API (jupyter_server's `api.yaml`, the part gateways use): /api,
-kernelspecs, and kernels, each kernel a cloche session (its id is the session id)."""
+kernelspecs, and kernels, each kernel a cloche session (its id is the session id).
+
+Kernelspecs: `python3` (the default profile, lean), `cloche-<profile>` for each profile, and
+`cloche-template-<name>` for each ready template but the built-in `python` (a kernel of one
+is a session of that template; a template's sessions are lean).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from cloche import __version__
 from cloche.errors import ClocheError, PathRefused, UnknownProfile
 from cloche.packages.profiles import BUILT_IN
+from cloche.sandbox.images import TemplateState
 from cloche.server.http.auth import gateway_owner
 from cloche.server.http.errors import error_response, status_of
 from cloche.server.jupyter.kernels import Gateway
@@ -25,9 +31,11 @@ from cloche.server.metrics import Metrics
 from cloche.sessions.manager import SessionManager
 from cloche.sessions.profiles import LEAN
 from cloche.sessions.session import SessionInfo, SessionState
+from cloche.sessions.templates import BUILT_IN as BUILT_IN_TEMPLATE
 
 DEFAULT_SPEC = "python3"  # the server's default profile, lean
 SPEC_PREFIX = "cloche-"  # and every profile as cloche-<profile>
+TEMPLATE_PREFIX = "cloche-template-"  # and every template as cloche-template-<name>
 
 
 class _CountedRoute(APIRoute):
@@ -78,23 +86,29 @@ def _gateway(request: Request) -> Gateway:
     return gateway
 
 
-def spec_name(profile: str) -> str:
+def spec_name(profile: str, template: str = BUILT_IN_TEMPLATE) -> str:
+    if template != BUILT_IN_TEMPLATE:
+        return TEMPLATE_PREFIX + template
     return DEFAULT_SPEC if profile == LEAN.name else SPEC_PREFIX + profile
 
 
-def profile_of(spec: str | None) -> str:
-    """The profile a kernelspec name stands for.
+def session_of(spec: str | None) -> tuple[str, str | None]:
+    """The profile and template (None: the built-in) a kernelspec name stands for. A
+    template's name wins over a profile named `template-<name>`.
 
     Raises:
         UnknownProfile: not a kernelspec of this server.
     """
     if spec is None or spec == DEFAULT_SPEC:
-        return LEAN.name
+        return LEAN.name, None
+    if spec.startswith(TEMPLATE_PREFIX) and len(spec) > len(TEMPLATE_PREFIX):
+        return LEAN.name, spec.removeprefix(TEMPLATE_PREFIX)
     if spec.startswith(SPEC_PREFIX) and len(spec) > len(SPEC_PREFIX):
-        return spec.removeprefix(SPEC_PREFIX)
+        return spec.removeprefix(SPEC_PREFIX), None
     raise UnknownProfile(
-        f"no kernelspec {spec!r}: this server has {DEFAULT_SPEC!r} and '{SPEC_PREFIX}<profile>' "
-        "for each profile (GET /api/kernelspecs)"
+        f"no kernelspec {spec!r}: this server has {DEFAULT_SPEC!r}, '{SPEC_PREFIX}<profile>' "
+        f"for each profile and '{TEMPLATE_PREFIX}<name>' for each template "
+        "(GET /api/kernelspecs)"
     )
 
 
@@ -108,23 +122,23 @@ def kernel_model(gateway: Gateway, info: SessionInfo) -> dict[str, Any]:
     busy = info.state is SessionState.BUSY or gateway.busy(info.id)
     return {
         "id": info.id,
-        "name": spec_name(info.profile),
+        "name": spec_name(info.profile, info.template),
         "last_activity": _timestamp(info.last_active),
         "execution_state": "busy" if busy else "idle",  # a paused session is idle
         "connections": gateway.connections(info.id),
     }
 
 
-def _kernelspec(name: str, profile: str) -> dict[str, Any]:
+def _kernelspec(name: str, display_name: str, **cloche: str) -> dict[str, Any]:
     return {
         "name": name,
         "spec": {
             "argv": [],
-            "display_name": f"Python 3 (cloche {profile})",
+            "display_name": display_name,
             "language": "python",
             "interrupt_mode": "message",
             "env": {},
-            "metadata": {},
+            "metadata": {"cloche": cloche} if cloche else {},
         },
         "resources": {},
     }
@@ -134,9 +148,17 @@ async def _kernelspecs(manager: SessionManager) -> dict[str, dict[str, Any]]:
     describe = getattr(manager, "profiles", None)
     rows = await asyncio.to_thread(describe) if describe is not None else []
     names = [row["name"] for row in rows if row["state"] != "failed"] or list(BUILT_IN)
-    specs = {DEFAULT_SPEC: _kernelspec(DEFAULT_SPEC, LEAN.name)}
+    specs = {DEFAULT_SPEC: _kernelspec(DEFAULT_SPEC, f"Python 3 (cloche {LEAN.name})")}
     for profile in names:
-        specs[SPEC_PREFIX + profile] = _kernelspec(SPEC_PREFIX + profile, profile)
+        name = SPEC_PREFIX + profile
+        specs[name] = _kernelspec(name, f"Python 3 (cloche {profile})", profile=profile)
+    for template in await manager.templates():
+        if template.name == BUILT_IN_TEMPLATE or template.state is not TemplateState.READY:
+            continue
+        name = TEMPLATE_PREFIX + template.name
+        python = f"Python {template.python_version or 3}"
+        shown = f"{python} (cloche template {template.name})"
+        specs[name] = _kernelspec(name, shown, profile=LEAN.name, template=template.name)
     return specs
 
 
@@ -178,7 +200,8 @@ async def start_kernel(
     body = body or KernelCreate()
     gateway = _gateway(request)
     manager = gateway.manager
-    info = await manager.create(owner, profile=profile_of(body.name))
+    profile, template = session_of(body.name)
+    info = await manager.create(owner, profile=profile, template=template)
     # KERNEL_* are the gateway client's own metadata (KERNEL_WORKING_DIR is a path on its
     # machine, say): not the kernel's environment.
     env = {k: v for k, v in (body.env or {}).items() if not k.startswith("KERNEL_")}

@@ -1,5 +1,6 @@
-"""What cloche's MCP tools answer, as MCP content: a cell's outcome, a session's history,
-a file; text with any lone surrogate escaped, so that the SDK can send it."""
+"""What cloche's MCP tools answer, as MCP content: a cell's outcome, a command's, a
+session's history, a file; text with any lone surrogate escaped, so that the SDK can send
+it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from cloche.client.execution import Cell, Execution
+from cloche.client.process import CommandResult
 from cloche.server.jsonbody import map_leaves
 
 HISTORY_OUTPUT_CHARS = 2000  # of each output of a cell, in session_history
@@ -56,6 +58,42 @@ def execution_result(execution: Execution, note: str | None = None) -> CallToolR
             }
         ),
         is_error=execution.status != "ok",
+    )
+
+
+def command_result(
+    result: CommandResult, session_id: str, note: str | None = None
+) -> CallToolResult:
+    """A finished command as MCP content: how it ended, then its stdout and stderr."""
+    if result.exit_code is not None:
+        ended = f"exit code {result.exit_code}"
+    else:
+        ended = result.status + (f" by {result.signal}" if result.signal else "")
+    header = f"[session {session_id}, pid {result.pid}, {ended}, {result.duration_ms:.0f} ms]"
+    parts = [header]
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text:
+            parts.append(f"{name}:\n{text.rstrip()}")
+    if not (result.stdout or result.stderr):
+        parts.append("(no output)")
+    if note:
+        parts.append(f"note: {note}")
+    return CallToolResult(
+        content=[TextContent(type="text", text=_sendable("\n".join(parts)))],
+        structured_content=_sendable(
+            {
+                "session_id": session_id,
+                "pid": result.pid,
+                "exit_code": result.exit_code,
+                "status": result.status,
+                "end_reason": result.end_reason,
+                "signal": result.signal,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "duration_ms": result.duration_ms,
+            }
+        ),
+        is_error=not result.ok,
     )
 
 

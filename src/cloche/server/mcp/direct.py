@@ -10,16 +10,18 @@ way, and the per-session cell time limits set at creation over HTTP hold here to
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from cloche.client.execution import Cell, Execution, cell_from_json, execution_from_json
 from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.process import CommandResult
 from cloche.config import Limits
 from cloche.errors import SessionNotFound
 from cloche.server.http.results import execute_body
 from cloche.server.http.sessions import _session_out
 from cloche.server.http.snapshots import _snapshot_out
 from cloche.sessions import session as sessions
+from cloche.sessions.commands import CommandSpec
 from cloche.sessions.manager import SessionManager
 
 
@@ -53,9 +55,15 @@ class ManagerClient:
         snapshot: str | None = None,
         egress: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        template: str | None = None,
     ) -> ManagerSession:
         info = await self.manager.create(
-            self.owner, profile=profile, snapshot=snapshot, egress=egress, metadata=metadata
+            self.owner,
+            profile=profile,
+            snapshot=snapshot,
+            egress=egress,
+            metadata=metadata,
+            template=template,
         )
         return ManagerSession(self, self.describe(info))
 
@@ -90,6 +98,10 @@ class ManagerSession:
     @property
     def id(self) -> str:
         return self.info.id
+
+    @property
+    def commands(self) -> ManagerCommands:
+        return ManagerCommands(self)
 
     async def refresh(self) -> SessionInfo:
         client = self.client
@@ -138,3 +150,32 @@ class ManagerSession:
         with contextlib.suppress(SessionNotFound):
             await self.client.close_session(self.id)
         self.closed = True
+
+
+class ManagerCommands:
+    """The commands of a `ManagerSession` (a `ToolCommands`)."""
+
+    def __init__(self, session: ManagerSession) -> None:
+        self.session = session
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        args: Sequence[str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the server's limit for the command)
+    ) -> CommandResult:
+        spec = CommandSpec(
+            cmd=cmd,
+            args=tuple(args) if args is not None else None,
+            cwd=cwd,
+            user=user,
+            timeout_s=timeout,
+        )
+        client = self.session.client
+        result = await client.manager.run_command(
+            self.session.id, spec, owner=client.owner, front_end="mcp"
+        )
+        return CommandResult.from_json(result.to_json())

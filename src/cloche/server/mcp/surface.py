@@ -12,6 +12,21 @@ from typing import Protocol
 
 from cloche.client.execution import Cell, Execution
 from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.process import CommandResult
+
+
+class ToolCommands(Protocol):
+    """A session's commands, as a caller runs them."""
+
+    async def run(
+        self,
+        cmd: str,
+        *,
+        args: Sequence[str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the server's limit for the command)
+    ) -> CommandResult: ...
 
 
 class ToolSession(Protocol):
@@ -26,6 +41,9 @@ class ToolSession(Protocol):
 
     async def refresh(self) -> SessionInfo:
         """As it is now. Raises SessionNotFound when it ended."""
+
+    @property
+    def commands(self) -> ToolCommands: ...
 
     async def run(
         self,
@@ -59,6 +77,7 @@ class ToolClient(Protocol):
         snapshot: str | None = None,
         egress: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        template: str | None = None,
     ) -> ToolSession: ...
 
     async def session(self, session_id: str) -> ToolSession:

@@ -1,4 +1,5 @@
-"""cloche's MCP tools: run_python, sessions, their history and files, written once over
+"""cloche's MCP tools: run_python, run_command, sessions, their history and files, written
+once over
 `surface.py` (what they answer is shaped in `content.py`).
 
 Both transports use them: `cloche mcp` (stdio, through the client SDK to a server's HTTP
@@ -26,17 +27,30 @@ from pydantic import Field
 from cloche import __version__
 from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
 from cloche.errors import ClocheError, SessionNotFound
-from cloche.server.mcp.content import execution_result, file_content, history_result
+from cloche.server.mcp.content import (
+    command_result,
+    execution_result,
+    file_content,
+    history_result,
+)
 from cloche.server.mcp.surface import ToolClient, ToolSession
 
 log = logging.getLogger("cloche.mcp")
 
 INSTRUCTIONS = (
     "cloche runs Python in persistent sandboxed sessions. Call run_python with code; state "
-    "persists between calls in this connection's own session. Pass session_id to use a "
+    "persists between calls in this connection's own session. run_command runs a shell "
+    "command in the same session (its files, its machine). Pass session_id to use a "
     "session made with create_session instead. Use upload_file / download_file to move "
     "files in and out of a session's working directory, and session_history to see the "
     "cells a session ran."
+)
+RUN_COMMAND_DESCRIPTION = (
+    "Run a shell command in a sandboxed session (a gVisor sandbox with no network), beside "
+    "run_python's cells: the same files and machine. `cmd` is a command line for the "
+    "session's shell (bash -lc, or sh -c); with `args`, `cmd` is the program, run directly. "
+    "It runs as the session's user in its home (/home/user) unless told otherwise. Returns "
+    "its stdout, stderr, exit code and status (exited, signaled, timeout, killed)."
 )
 SESSION_ID_DESCRIPTION = (
     "A session made with create_session; leave it out to use this connection's own session"
@@ -181,7 +195,36 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 execution = await session.run(code, timeout=timeout)
         return execution_result(execution, note)
 
-    @server.tool(description="Make a new Python session; its state lasts until close_session.")
+    @server.tool(
+        name="run_command",
+        description=RUN_COMMAND_DESCRIPTION,
+        annotations=ToolAnnotations(title="Run a command", open_world_hint=False),
+    )
+    async def run_command(
+        cmd: Annotated[str, Field(description="A command line, or with args the program")],
+        ctx: Context,
+        args: Annotated[
+            list[str] | None, Field(description="The program's arguments (no shell then)")
+        ] = None,
+        session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
+        timeout: Annotated[  # noqa: ASYNC109 (the server's limit for the command)
+            float | None,
+            Field(description="Seconds before it is killed (default 60; 0: none)", ge=0),
+        ] = None,
+        cwd: Annotated[str | None, Field(description="Where it runs (default: the home)")] = None,
+        user: Annotated[
+            str | None,
+            Field(description="Whom it runs as: the session's user, or root (inside only)"),
+        ] = None,
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            async with _session_for(scope, sessions, ctx, session_id) as (session, note):
+                result = await session.commands.run(
+                    cmd, args=args, cwd=cwd, user=user, timeout=timeout
+                )
+        return command_result(result, session.id, note)
+
+    @server.tool(description="Make a new session; its state lasts until close_session.")
     async def create_session(
         ctx: Context,
         profile: Annotated[
@@ -207,24 +250,33 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             ),
         ] = None,
         metadata: Annotated[dict[str, str] | None, Field(description=METADATA_DESCRIPTION)] = None,
+        template: Annotated[
+            str | None,
+            Field(
+                description="The system it runs: python (the default), or a template the "
+                "server built from an image (its own programs and packages)",
+                max_length=32,
+            ),
+        ] = None,
     ) -> CallToolResult:
         with _as_tool_errors():
             session = await scope.client(ctx).create_session(
-                profile, snapshot=snapshot, egress=egress, metadata=metadata
+                profile, snapshot=snapshot, egress=egress, metadata=metadata, template=template
             )
-        profile = session.info.profile  # a snapshot's own
+        profile, made_of = session.info.profile, session.info.template  # a snapshot's own
         return CallToolResult(
             content=[
                 TextContent(
                     type="text",
-                    text=f"Created session {session.id} ({profile}). Pass session_id="
-                    f"{session.id} to run_python, upload_file and download_file; close it with "
-                    "close_session when done.",
+                    text=f"Created session {session.id} ({profile}, template {made_of}). Pass "
+                    f"session_id={session.id} to run_python, run_command, upload_file and "
+                    "download_file; close it with close_session when done.",
                 )
             ],
             structured_content={
                 "session_id": session.id,
                 "profile": profile,
+                "template": made_of,
                 "metadata": session.info.metadata,
             },
         )

@@ -3,7 +3,8 @@ and the API's interactive docs (`/docs`) served without a CDN.
 
 The inspector is an app of its own mounted at /ui (its own errors as pages, its own
 security headers, nothing in the API's schema); its templates and assets (htmx, Swagger
-UI: `static/vendor/README.md`) are package data.
+UI, xterm.js: `static/vendor/README.md`) are package data. A session's terminal is
+`terminal.py` (its page and its websocket).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from cloche.errors import ClocheError
 from cloche.server.http.errors import status_of
-from cloche.server.ui import actions, events, pages
+from cloche.server.ui import actions, events, pages, terminal
 from cloche.server.ui.cells import Cells
 from cloche.server.ui.headers import HEADERS, SecurityHeaders
 from cloche.server.ui.render import is_htmx, page
@@ -66,6 +67,7 @@ def create(api: FastAPI) -> FastAPI:
     ui.include_router(pages.router)
     ui.include_router(actions.router)
     ui.include_router(events.router)
+    ui.include_router(terminal.router)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
     ui.add_middleware(SecurityHeaders)
     _errors(ui)

@@ -1,6 +1,6 @@
 """The headers every response of the inspector carries: a strict Content-Security-Policy
 (no inline script or style, nothing from elsewhere, no framing), no MIME sniffing, no
-Referer."""
+Referer. A response that sets its own policy keeps it (the terminal's page: `terminal.py`)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ class SecurityHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *HEADERS]
+                headers = list(message.get("headers", ()))
+                own = any(name.lower() == HEADERS[0][0] for name, _ in headers)
+                message["headers"] = [*headers, *(HEADERS[1:] if own else HEADERS)]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

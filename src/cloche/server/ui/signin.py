@@ -131,22 +131,27 @@ class SignIns:
 
 def visitor(request: Request) -> Visitor:
     """The signed-in visitor; the token is checked again on each request, as the API
-    checks every request's.
+    checks every request's (a websocket's too: `visitor_of`).
 
     Raises:
         SignInNeeded: no cookie, an unknown or expired one, or a token no longer valid.
     """
-    sign_ins: SignIns = request.app.state.sign_ins
-    sign_in_id = request.cookies.get(COOKIE, "")
+    return visitor_of(request)
+
+
+def visitor_of(connection: HTTPConnection) -> Visitor:
+    """The signed-in visitor of a request or a websocket. Raises SignInNeeded."""
+    sign_ins: SignIns = connection.app.state.sign_ins
+    sign_in_id = connection.cookies.get(COOKIE, "")
     sign_in = sign_ins.get(sign_in_id) if sign_in_id else None
     if sign_in is None:
         raise SignInNeeded
     try:
-        caller = caller_of_token(request.app.state.api, sign_in.token)
+        caller = caller_of_token(connection.app.state.api, sign_in.token)
     except Unauthorized:
         sign_ins.remove(sign_in_id)
         raise SignInNeeded from None
-    request.state.caller = caller  # where the API's checks look for it, as its own leave it
+    connection.state.caller = caller  # where the API's checks look for it, as its own do
     return Visitor(caller, sign_in.csrf)
 
 
@@ -183,7 +188,7 @@ async def form_of(request: Request) -> dict[str, str]:
         return {}
 
 
-def check_csrf(request: Request, given: str | None, expected: str) -> None:
+def check_csrf(request: HTTPConnection, given: str | None, expected: str) -> None:
     """Raises CSRFRefused unless the form field or the X-CSRF-Token header is expected."""
     for candidate in (given, request.headers.get(CSRF_HEADER)):
         if candidate and hmac.compare_digest(candidate.encode(), expected.encode()):

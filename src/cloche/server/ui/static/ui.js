@@ -35,6 +35,26 @@ document.addEventListener("keydown", function (event) {
   }
 });
 
+// A session's terminal: its page opened in the frame on demand (each opening is a new
+// shell); the button then closes it (the frame's page goes, its socket closes, the shell is
+// hung up).
+document.addEventListener("click", function (event) {
+  var button = event.target.closest ? event.target.closest("[data-terminal]") : null;
+  var frame = document.getElementById("terminal-frame");
+  if (!button || !frame) {
+    return;
+  }
+  if (frame.hidden) {
+    frame.src = button.dataset.terminal;
+    frame.hidden = false;
+    button.textContent = "Close the terminal";
+  } else {
+    frame.src = "about:blank";
+    frame.hidden = true;
+    button.textContent = "Open a terminal";
+  }
+});
+
 // The event tail (/ui/events): each event of the caller's a row, newest first, as text.
 function eventRow(tail, event) {
   var row = document.createElement("tr");
