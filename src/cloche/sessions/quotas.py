@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from cloche.errors import QuotaExceeded, SessionBusy, SnapshotNotFound
 from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ForwardedProcessVerbs
+from cloche.sessions.filesystem import ForwardedFileVerbs
 from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
 from cloche.sessions.observer import Observer
 from cloche.sessions.result import CellResult
@@ -106,7 +107,7 @@ class _Owner:
     reserved: Counter[str] = field(default_factory=Counter)  # admitted, not yet counted
 
 
-class QuotaGate(ForwardedProcessVerbs, SessionManager):
+class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, SessionManager):
     """`inner`, with each owner's `Terms` (`terms_of` its owner key; None: no terms) kept.
 
     Args:
