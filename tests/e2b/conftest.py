@@ -8,16 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from cloche.config import Limits
+from support import E2B_KEY as KEY
+from support import E2B_OTHER as OTHER
 from support import ServerThread, make_config, require_gvisor
-
-KEY = "e2b_0123456789abcdef0123456789abcdef01234567"  # a cloche token of E2B's form
-OTHER = "e2b_other_tenant_token"
 
 
 @pytest.fixture(scope="module")
 def server(state_root: Path) -> Iterator[ServerThread]:
     require_gvisor()
-    config = make_config(state_root, tokens=frozenset({KEY, OTHER}))
+    # Cells import matplotlib and pandas on a loaded machine: a cell timeout to match.
+    limits = Limits(cell_timeout_s=180.0, interrupt_grace_s=2.0)
+    config = make_config(state_root, tokens=frozenset({KEY, OTHER}), limits=limits)
     with ServerThread(config) as running:
         yield running
 
