@@ -60,20 +60,20 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             view = view[os.write(write_end, view) :]
         os._exit(0)
     os.close(write_end)
-    body = _read_all(read_end, pid)
+    said = _read_all(read_end, pid)
     os.waitpid(pid, 0)
-    if body is None:
+    if said is None:
         return {"errno": "ETIMEDOUT", "message": f"the operation took over {DEADLINE_S:g} s"}
     try:
-        answer: dict[str, Any] = json.loads(body)
+        reply: dict[str, Any] = json.loads(said)
     except ValueError:
         return {"errno": "EIO", "message": "the operation ended without an answer"}
-    return answer
+    return reply
 
 
 def _read_all(fd: int, pid: int) -> bytes | None:
     """What the child writes until it closes the pipe; None if it is killed for its time."""
-    chunks = []
+    chunks: list[bytes] = []
     deadline = time.monotonic() + DEADLINE_S
     try:
         while True:

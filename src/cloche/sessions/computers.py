@@ -18,13 +18,13 @@ from typing import Any
 
 from cloche.errors import ClocheError, SessionNotFound
 from cloche.sandbox.bundle import DOOR_MOUNT
+from cloche.sessions import filesystem
 from cloche.sessions.commands import (
     CommandResult,
     Commands,
     CommandSpec,
     EventSink,
 )
-from cloche.sessions import filesystem
 from cloche.sessions.filesystem import Entry
 from cloche.sessions.history import CellEntry, cut
 from cloche.sessions.processes import Event, ProcessTable, Watcher

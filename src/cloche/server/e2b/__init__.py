@@ -86,6 +86,7 @@ class E2B:
         """The app that serves a sandbox's port: envd (49983) or the code interpreter
         (49999); any other port answers 502. Host-based routing calls this with the id and
         port of its host name."""
+        inner: ASGIApp
         if port == ENVD_PORT:
             inner = self._envd
         elif port == INTERPRETER_PORT:
@@ -105,9 +106,9 @@ class E2B:
         root = scope.get("root_path", "")
         route = path[len(root) :] if root and path.startswith(root) else path
         if route.startswith("/process.Process/"):
-            await self.process(scope, receive, send)  # type: ignore[arg-type]
+            await self.process(scope, receive, send)
         elif route.startswith("/filesystem.Filesystem/"):
-            await self.filesystem(scope, receive, send)  # type: ignore[arg-type]
+            await self.filesystem(scope, receive, send)
         else:
             await self.envd_http(scope, receive, send)
 
@@ -145,7 +146,7 @@ def mount(app: FastAPI, manager: SessionManager, limits: Limits) -> E2B:
     """Serve E2B's API at /e2b on app."""
     front_end = E2B(manager, limits)
     app.state.e2b = front_end
-    app.mount(PREFIX, front_end)  # type: ignore[arg-type]
+    app.mount(PREFIX, front_end)
     return front_end
 
 

@@ -19,10 +19,11 @@ from typing import Any
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
+from e2b.envd.filesystem import filesystem_connect
 from e2b.envd.filesystem import filesystem_pb as pb
-from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
+from cloche.server.e2b.process import one
 from cloche.server.e2b.routing import Reach, Where, call
 from cloche.sessions.filesystem import Entry
 
@@ -97,7 +98,7 @@ class _Watcher:
         return found
 
 
-class FilesystemService:
+class FilesystemService(filesystem_connect.Filesystem):
     """The service, over `Reach` (the request's sandbox, as its owner)."""
 
     def __init__(self, reach: Reach) -> None:
@@ -166,18 +167,18 @@ class FilesystemService:
         self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[pb.WatchDirResponse]:
         watcher = await self._watcher(ctx, request)
-        yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
+        yield pb.WatchDirResponse(event=one("start", pb.WatchDirResponse.StartEvent()))
         quiet = 0.0
         while True:
             await asyncio.sleep(WATCH_PERIOD_S)
             events = await watcher.changes()
             for event in events:
-                yield pb.WatchDirResponse(event=Oneof("filesystem", event))
+                yield pb.WatchDirResponse(event=one("filesystem", event))
             quiet = 0.0 if events else quiet + WATCH_PERIOD_S
             if quiet >= 30.0:
                 quiet = 0.0
                 keepalive = pb.WatchDirResponse.KeepAlive()
-                yield pb.WatchDirResponse(event=Oneof("keepalive", keepalive))
+                yield pb.WatchDirResponse(event=one("keepalive", keepalive))
 
     async def create_watcher(
         self, request: pb.CreateWatcherRequest, ctx: RequestContext[Any, Any]

@@ -19,7 +19,7 @@ import asyncio
 import datetime
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,7 +308,7 @@ def _ending(result: CellResult) -> list[bytes]:
     return lines
 
 
-async def _set_env(where: Where, env: dict[str, str | None]) -> None:
+async def _set_env(where: Where, env: Mapping[str, str | None]) -> None:
     """Set (or, None, unset) variables of the kernel's environment, silently."""
     code = f"import os as _o\nfor _k, _v in {env!r}.items():\n"
     code += "    _o.environ.pop(_k, None) if _v is None else _o.environ.__setitem__(_k, _v)\n"

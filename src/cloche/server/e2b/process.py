@@ -17,6 +17,7 @@ from typing import Any
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
+from e2b.envd.process import process_connect
 from e2b.envd.process import process_pb as pb
 from protobuf import Oneof
 
@@ -27,6 +28,11 @@ from cloche.sessions.processes import Event, Exit, Output
 
 FRONT_END = "e2b"
 MAX_KEEPALIVE_S = 300.0
+
+
+def one(field: str, value: Any) -> Any:
+    """A oneof's value (its field's name is checked by the message, not by mypy)."""
+    return Oneof(field, value)
 
 
 def _end(exit: Exit) -> pb.ProcessEvent.EndEvent:
@@ -51,10 +57,10 @@ def _end(exit: Exit) -> pb.ProcessEvent.EndEvent:
 
 def _event(event: Event, pty: bool) -> pb.ProcessEvent:
     if isinstance(event, Exit):
-        return pb.ProcessEvent(event=Oneof("end", _end(event)))
+        return pb.ProcessEvent(event=one("end", _end(event)))
     field = "pty" if pty else ("stdout" if event.fd == 1 else "stderr")
     return pb.ProcessEvent(
-        event=Oneof("data", pb.ProcessEvent.DataEvent(output=Oneof(field, event.data)))
+        event=one("data", pb.ProcessEvent.DataEvent(output=one(field, event.data)))
     )
 
 
@@ -103,7 +109,7 @@ async def _with_keepalive(
                 await closer()
 
 
-class ProcessService:
+class ProcessService(process_connect.Process):
     """The service, over `Reach` (the request's sandbox, as its owner)."""
 
     def __init__(self, reach: Reach) -> None:
@@ -129,11 +135,11 @@ class ProcessService:
         pty: bool,
         wrap: Callable[[pb.ProcessEvent], Any],
     ) -> AsyncIterator[Any]:
-        yield wrap(pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))))
+        yield wrap(pb.ProcessEvent(event=one("start", pb.ProcessEvent.StartEvent(pid=pid))))
         async for event in _with_keepalive(events, _keepalive_s(ctx)):
             if event is None:
                 keepalive = pb.ProcessEvent.KeepAlive()
-                yield wrap(pb.ProcessEvent(event=Oneof("keepalive", keepalive)))
+                yield wrap(pb.ProcessEvent(event=one("keepalive", keepalive)))
             elif not (isinstance(event, Output) and not event.data):
                 yield wrap(_event(event, pty))
 
@@ -218,7 +224,8 @@ class ProcessService:
     ) -> pb.StreamInputResponse:
         selector = None
         async for request in requests:
-            match request.event:
+            event: Any = request.event
+            match event:
                 case Oneof(field="start", value=start):
                     selector = start.process
                 case Oneof(field="data", value=data):
