@@ -127,7 +127,9 @@ def test_files_as_the_user_named(sbx: Sandbox) -> None:
     made = sbx.files.write("/etc/cloche-e2b-test", "yes", user="root")
     assert made.path == "/etc/cloche-e2b-test"
     assert sbx.files.get_info("/etc/cloche-e2b-test").owner == "root"
-    assert sbx.files.make_dir("/workspace", user="root") is True
+    assert sbx.files.make_dir("/workspace/deep") is True  # a top-level dir, as envd allows
+    assert sbx.files.get_info("/workspace").owner == "user"
+    assert sbx.commands.run("touch /workspace/deep/f && echo ok").stdout == "ok\n"
 
 
 def test_five_mib_byte_exact_and_gzip(sbx: Sandbox) -> None:

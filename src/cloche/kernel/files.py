@@ -2,8 +2,10 @@
 
 The process supervisor (`procd`) answers these for front ends that act on the sandbox's
 files "as the user the request names" (E2B's Filesystem service and `/files`). Each one runs
-in a short-lived child forked for it, which takes the user's identity first (as a command
-does), so what the user may not touch is refused by the kernel's own checks. The answer
+in a short-lived child forked for it, which takes the user's identity first (its effective
+ids), so what the user may not touch is refused by the kernel's own checks; only the
+directories an operation makes where the user may not (E2B clients make their workspace
+at the top level, as envd allows) are made by root and given to the user. The answer
 comes back over a pipe, bounded: a listing at most MAX_ENTRIES entries, a read at most
 PIECE_BYTES; an operation that takes longer than DEADLINE_S is killed.
 
@@ -91,10 +93,10 @@ def _read_all(fd: int, pid: int) -> bytes | None:
 
 def _answer(request: dict[str, Any], who: spawn.Identity) -> dict[str, Any]:
     try:
-        if os.getuid() == 0 and who.uid != 0:
+        if os.getuid() == 0 and who.uid != 0:  # effective ids only: see _make_dirs
             os.setgroups(who.groups or [who.gid])
-            os.setgid(who.gid)
-            os.setuid(who.uid)
+            os.setegid(who.gid)
+            os.seteuid(who.uid)
         os.environ["HOME"] = who.home
         return _OPS[str(request.get("do"))](request, who)
     except KeyError:
@@ -182,18 +184,44 @@ def _list(request: dict[str, Any], who: spawn.Identity) -> dict[str, Any]:
     return {"entries": entries}
 
 
+def _make_dirs(path: str, who: spawn.Identity) -> None:
+    """Make path and its parents as the user; where the user may not (a top-level
+    directory), as envd does: made by root and given to the user (not with --no-root)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        return
+    except PermissionError:
+        if os.getuid() != 0:
+            raise
+    missing = []
+    where = path
+    while not os.path.lexists(where):
+        missing.append(where)
+        where = os.path.dirname(where)
+    uid, gid = os.geteuid(), os.getegid()
+    os.seteuid(0)
+    os.setegid(0)
+    try:
+        for made in reversed(missing):
+            os.mkdir(made, 0o755)
+            os.chown(made, who.uid, who.gid)
+    finally:
+        os.setegid(gid)
+        os.seteuid(uid)
+
+
 def _mkdir(request: dict[str, Any], who: spawn.Identity) -> dict[str, Any]:
     path = _path(request, who)
     if os.path.lexists(path):
         return {"exists": True, "entry": _entry(path)}
-    os.makedirs(path, exist_ok=True)
+    _make_dirs(path, who)
     return {"exists": False, "entry": _entry(path)}
 
 
 def _move(request: dict[str, Any], who: spawn.Identity) -> dict[str, Any]:
     source, destination = _path(request, who, "source"), _path(request, who, "destination")
     os.lstat(source)  # ENOENT before anything is made
-    os.makedirs(os.path.dirname(destination), exist_ok=True)
+    _make_dirs(os.path.dirname(destination), who)
     os.rename(source, destination)
     return {"entry": _entry(destination)}
 
@@ -240,7 +268,7 @@ def _write(request: dict[str, Any], who: spawn.Identity) -> dict[str, Any]:
     if request.get("first"):
         if os.path.isdir(path):
             raise OSError(errno.EISDIR, "Is a directory", path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _make_dirs(os.path.dirname(path), who)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
     else:
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW
