@@ -31,7 +31,7 @@ from cloche.server.e2b.errors import error_json
 from cloche.server.e2b.filesystem import FilesystemService
 from cloche.server.e2b.interpreter import Interpreter
 from cloche.server.e2b.process import ProcessService
-from cloche.server.e2b.routing import ENVD_PORT, INTERPRETER_PORT, Reach
+from cloche.server.e2b.routing import CODECS, ENVD_PORT, INTERPRETER_PORT, Reach
 from cloche.server.e2b.sandboxes import Sandboxes
 from cloche.sessions.manager import SessionManager
 
@@ -47,10 +47,10 @@ class E2B:
         self.reach = Reach(manager, self.sandboxes)
         self.control = ControlPlane(manager, self.sandboxes, limits)
         self.process = ProcessASGIApplication(
-            ProcessService(self.reach), read_max_bytes=READ_MAX_BYTES
+            ProcessService(self.reach), read_max_bytes=READ_MAX_BYTES, codecs=CODECS
         )
         self.filesystem = FilesystemASGIApplication(
-            FilesystemService(self.reach), read_max_bytes=READ_MAX_BYTES
+            FilesystemService(self.reach), read_max_bytes=READ_MAX_BYTES, codecs=CODECS
         )
         reach = self.reach
         interpreter = Interpreter(reach)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
@@ -81,3 +82,29 @@ async def call(awaitable: Awaitable[T]) -> T:
         raise ConnectError(Code.UNAVAILABLE, f"The sandbox {GONE} ({exc})") from None
     except ClocheError as exc:
         raise connect_error(exc) from None
+
+
+class Checked:
+    """A codec of connectrpc's whose undecodable input is INVALID_ARGUMENT (connectrpc lets
+    the decoder's own error through: a 500)."""
+
+    def __init__(self, inner: Codec[Any, Any]) -> None:
+        self.inner = inner
+
+    def name(self) -> str:
+        return self.inner.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self.inner.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self.inner.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as exc:  # any decoder's failure: the request is malformed
+            what = message_class.__name__
+            raise ConnectError(Code.INVALID_ARGUMENT, f"not a valid {what}: {exc}") from None
+
+
+CODECS: list[Codec[Any, Any]] = [Checked(proto_binary_codec()), Checked(proto_json_codec())]
