@@ -416,3 +416,12 @@ def test_bad_requests_get_clear_errors(e2b_env: dict[str, str]) -> None:
             f"{url}/health", headers={"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}
         )
         assert gone.status_code == 502 and "was not found" in gone.json()["message"]
+
+
+def test_what_is_not_served_says_so(sbx: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="501: sandbox metrics"):
+        sbx.get_metrics()
+    with pytest.raises(SandboxException, match="400: mcp servers are not supported"):
+        Sandbox.create(mcp={"exa": {"apiKey": "x"}})
+    with pytest.raises(SandboxException, match="400: .*denyOut"):
+        Sandbox.create(network={"deny_out": ["10.0.0.0/8"]})

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cloche.config import Limits
 from cloche.server.e2b import files
-from cloche.server.e2b.control import ControlPlane
+from cloche.server.e2b.control import ControlPlane, no_route
 from cloche.server.e2b.errors import error_json
 from cloche.server.e2b.filesystem import FilesystemService
 from cloche.server.e2b.interpreter import Interpreter
@@ -69,7 +69,8 @@ class E2B:
                 Route("/health", health, methods=["GET"]),
                 Route("/files", download, methods=["GET"]),
                 Route("/files", upload, methods=["POST"]),
-            ]
+            ],
+            default=no_route,
         )
         self.interpreter = Router(
             [
@@ -79,7 +80,8 @@ class E2B:
                 Route("/contexts", interpreter.list_contexts, methods=["GET"]),
                 Route("/contexts/{id}", interpreter.remove_context, methods=["DELETE"]),
                 Route("/contexts/{id}/restart", interpreter.restart_context, methods=["POST"]),
-            ]
+            ],
+            default=no_route,
         )
 
     def sandbox_app(self, sandbox_id: str, port: int) -> ASGIApp:

@@ -24,7 +24,7 @@ from cloche.config import Limits
 from cloche.errors import ClocheError, EgressRefused, SnapshotNotFound
 from cloche.server.e2b import network
 from cloche.server.e2b.auth import api_caller
-from cloche.server.e2b.errors import E2BError, from_exception
+from cloche.server.e2b.errors import E2BError, error_json, from_exception
 from cloche.server.e2b.sandboxes import (
     DEFAULT_TIMEOUT_S,
     ENVD_VERSION,
@@ -125,7 +125,12 @@ class ControlPlane:
                 route("/sandboxes/{id}/fork", self.fork, "POST"),
                 route("/snapshots", self.snapshots, "GET"),
                 route("/templates/{id:path}", self.delete_snapshot, "DELETE"),
-            ]
+                *(
+                    Route(path, _unsupported(what), methods=[method])
+                    for method, path, what in UNSUPPORTED
+                ),
+            ],
+            default=no_route,
         )
 
     def _route(self, path: str, handler: Handler, method: str) -> Route:
@@ -364,6 +369,37 @@ class ControlPlane:
             )
             answers.append({"sandbox": self.created(copy, made)})
         return JSONResponse(answers, status_code=201)
+
+
+# What E2B's API has and cloche does not serve yet: 501, naming it.
+UNSUPPORTED = (
+    ("GET", "/sandboxes/metrics", "sandbox metrics"),
+    ("GET", "/sandboxes/{id}/metrics", "sandbox metrics (see cloche's /metrics)"),
+    ("GET", "/sandboxes/{id}/logs", "sandbox logs"),
+    ("GET", "/v2/sandboxes/{id}/logs", "sandbox logs"),
+    ("PUT", "/sandboxes/{id}/network", "changing a running sandbox's network"),
+    ("GET", "/templates", "E2B templates (see cloche's /v1/templates)"),
+    ("POST", "/templates", "building E2B templates (see cloche templates build)"),
+    ("POST", "/v2/templates", "building E2B templates (see cloche templates build)"),
+    ("POST", "/v3/templates", "building E2B templates (see cloche templates build)"),
+    ("GET", "/secrets", "secrets (see cloche's --secrets)"),
+    ("POST", "/secrets", "secrets (see cloche's --secrets)"),
+    ("GET", "/volumes", "volumes"),
+    ("POST", "/volumes", "volumes"),
+)
+
+
+def _unsupported(what: str) -> Handler:
+    async def answer(request: Request) -> Response:
+        return error_json(501, f"{what} is not supported by this cloche server yet")
+
+    return answer
+
+
+async def no_route(scope: Any, receive: Any, send: Any) -> None:
+    """A path E2B's API does not have: 404 in its error shape."""
+    message = f"{scope.get('method')} {scope.get('path')} is not part of E2B's API as served here"
+    await error_json(404, message)(scope, receive, send)
 
 
 def _token(offset: int) -> str:

@@ -94,6 +94,8 @@ def from_exception(exc: Exception) -> JSONResponse:
     """A cloche error (or an E2BError) as E2B's error body."""
     if isinstance(exc, E2BError):
         return error_json(exc.status, exc.message)
+    if isinstance(exc, PathRefused) and exc.code in ("ENOSPC", "EDQUOT"):
+        return error_json(507, str(exc))  # the SDK's NotEnoughSpaceException
     if isinstance(exc, ClocheError):
         return error_json(status_of(exc), str(exc))
     raise exc
