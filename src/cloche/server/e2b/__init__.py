@@ -8,148 +8,67 @@ over Connect with the JSON codec, served by the `connectrpc` runtime and the pro
 modules the `e2b` wheel ships; `/files`, `/health`), 49999 the code interpreter
 (`/execute`, `/contexts`). Anything else is the control plane (`control`). A sandbox is a
 cloche session of the same manager: `/v1`, the inspector, history (front end `e2b`),
-events and metrics see it. `sandbox_app(id, port)` is the seam for host-based routing
-(`{port}-{id}.{domain}`).
+events and metrics see it. `FrontEnd.sandbox_app(id, port)` is the seam for host-based
+routing (`{port}-{id}.{domain}`): the ASGI app that serves that port of that sandbox.
 
 Kept out of cloche's OpenAPI schema: it is E2B's API, whose schema is E2B's own.
 """
 
 from __future__ import annotations
 
-from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
-from e2b.envd.process.process_connect import ProcessASGIApplication
+import asyncio
+import importlib
+from typing import TYPE_CHECKING
+
 from fastapi import FastAPI
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cloche.config import Limits
-from cloche.server.e2b import files
-from cloche.server.e2b.control import ControlPlane, no_route
-from cloche.server.e2b.errors import error_json
-from cloche.server.e2b.filesystem import FilesystemService
-from cloche.server.e2b.interpreter import Interpreter
-from cloche.server.e2b.process import ProcessService
-from cloche.server.e2b.routing import CODECS, ENVD_PORT, INTERPRETER_PORT, Reach
-from cloche.server.e2b.sandboxes import Sandboxes
 from cloche.sessions.manager import SessionManager
 
+if TYPE_CHECKING:
+    from cloche.server.e2b.app import E2B
+
 PREFIX = "/e2b"
-READ_MAX_BYTES = 16 * 1024 * 1024  # one Connect message (a command line with its input)
 
 
-class E2B:
-    """The front end's state and its ASGI app (mounted at PREFIX)."""
+class FrontEnd:
+    """The front end, made at its first request: the `e2b` wheel it uses for its protocol
+    types takes seconds to import on a loaded machine, which no server start should pay."""
 
     def __init__(self, manager: SessionManager, limits: Limits) -> None:
-        self.sandboxes = Sandboxes(manager)
-        self.reach = Reach(manager, self.sandboxes)
-        self.control = ControlPlane(manager, self.sandboxes, limits)
-        self.process = ProcessASGIApplication(
-            ProcessService(self.reach), read_max_bytes=READ_MAX_BYTES, codecs=CODECS
-        )
-        self.filesystem = FilesystemASGIApplication(
-            FilesystemService(self.reach), read_max_bytes=READ_MAX_BYTES, codecs=CODECS
-        )
-        reach = self.reach
-        interpreter = Interpreter(reach)
+        self.manager = manager
+        self.limits = limits
+        self.app: E2B | None = None
+        self._making = asyncio.Lock()
 
-        async def health(request: Request) -> Response:
-            return await files.health(reach, request)
-
-        async def download(request: Request) -> Response:
-            return await files.download(reach, request)
-
-        async def upload(request: Request) -> Response:
-            return await files.upload(reach, request)
-
-        self.envd_http = Router(
-            [
-                Route("/health", health, methods=["GET"]),
-                Route("/files", download, methods=["GET"]),
-                Route("/files", upload, methods=["POST"]),
-            ],
-            default=no_route,
-        )
-        self.interpreter = Router(
-            [
-                Route("/health", health, methods=["GET"]),
-                Route("/execute", interpreter.execute, methods=["POST"]),
-                Route("/contexts", interpreter.create_context, methods=["POST"]),
-                Route("/contexts", interpreter.list_contexts, methods=["GET"]),
-                Route("/contexts/{id}", interpreter.remove_context, methods=["DELETE"]),
-                Route("/contexts/{id}/restart", interpreter.restart_context, methods=["POST"]),
-            ],
-            default=no_route,
-        )
-
-    def sandbox_app(self, sandbox_id: str, port: int) -> ASGIApp:
-        """The app that serves a sandbox's port: envd (49983) or the code interpreter
-        (49999); any other port answers 502. Host-based routing calls this with the id and
-        port of its host name."""
-        inner: ASGIApp
-        if port == ENVD_PORT:
-            inner = self._envd
-        elif port == INTERPRETER_PORT:
-            inner = self.interpreter
-        else:
-            inner = _closed_port(port)
-
-        async def app(scope: Scope, receive: Receive, send: Send) -> None:
-            headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"e2b-sandbox-id"]
-            headers.append((b"e2b-sandbox-id", sandbox_id.encode("latin-1")))
-            await inner({**scope, "headers": headers}, receive, send)
-
-        return app
-
-    async def _envd(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        route = path[len(root) :] if root and path.startswith(root) else path
-        if route.startswith("/process.Process/"):
-            await self.process(scope, receive, send)
-        elif route.startswith("/filesystem.Filesystem/"):
-            await self.filesystem(scope, receive, send)
-        else:
-            await self.envd_http(scope, receive, send)
+    async def ready(self) -> E2B:
+        async with self._making:
+            if self.app is None:
+                module = await asyncio.to_thread(importlib.import_module, "cloche.server.e2b.app")
+                self.app = module.E2B(self.manager, self.limits)
+            return self.app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await error_json(404, "E2B's API is HTTP only here")(scope, receive, send)
-            return
-        sandbox_id = port = None
-        for name, value in scope.get("headers", ()):
-            if name == b"e2b-sandbox-id":
-                sandbox_id = value.decode("latin-1")
-            elif name == b"e2b-sandbox-port":
-                port = value.decode("latin-1")
-        if sandbox_id is None:
-            await self.control.router(scope, receive, send)
-            return
-        try:
-            number = int(port) if port is not None else ENVD_PORT
-        except ValueError:
-            await error_json(400, f"E2b-Sandbox-Port {port!r} is not a port")(scope, receive, send)
-            return
-        await self.sandbox_app(sandbox_id, number)(scope, receive, send)
+        app = self.app or await self.ready()
+        await app(scope, receive, send)
+
+    async def sandbox_app(self, sandbox_id: str, port: int) -> ASGIApp:
+        """The app serving one port of one sandbox (49983 envd, 49999 the interpreter),
+        for a host-based router; it checks the sandbox's tokens as the header route does."""
+        return (await self.ready()).sandbox_app(sandbox_id, port)
+
+    async def stop(self) -> None:
+        if self.app is not None:
+            await self.app.sandboxes.stop()
 
 
-def _closed_port(port: int) -> ASGIApp:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        message = f"The sandbox is running but port {port} is not open (only envd and the code "
-        message += "interpreter are served over E2B's protocol here)"
-        await error_json(502, message)(scope, receive, send)
-
-    return app
-
-
-def mount(app: FastAPI, manager: SessionManager, limits: Limits) -> E2B:
+def mount(app: FastAPI, manager: SessionManager, limits: Limits) -> FrontEnd:
     """Serve E2B's API at /e2b on app."""
-    front_end = E2B(manager, limits)
+    front_end = FrontEnd(manager, limits)
     app.state.e2b = front_end
     app.mount(PREFIX, front_end)
     return front_end
 
 
-__all__ = ["E2B", "PREFIX", "mount"]
+__all__ = ["PREFIX", "FrontEnd", "mount"]

@@ -165,6 +165,6 @@ class HTTPFrontEnd:
     async def stop(self) -> None:
         self.server.should_exit = True
         self.app.state.mcp.stop()  # its open streams end, so connections can drain
-        await self.app.state.e2b.sandboxes.stop()
+        await self.app.state.e2b.stop()
         background: set[asyncio.Task[None]] = self.app.state.background
         await asyncio.gather(*background, return_exceptions=True)
