@@ -425,3 +425,18 @@ def test_what_is_not_served_says_so(sbx: Sandbox) -> None:
         Sandbox.create(mcp={"exa": {"apiKey": "x"}})
     with pytest.raises(SandboxException, match="400: .*denyOut"):
         Sandbox.create(network={"deny_out": ["10.0.0.0/8"]})
+
+
+def test_on_timeout_pause_pauses_and_connect_resumes(e2b_env: dict[str, str]) -> None:
+    sandbox = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+    try:
+        sandbox.run_code("kept = 'after an auto-pause'")
+        until(
+            lambda: Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED,
+            90,
+            "the pause at its timeout",
+        )
+        back = Sandbox.connect(sandbox.sandbox_id, timeout=600)
+        assert back.run_code("kept").text == "after an auto-pause"
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)

@@ -38,7 +38,7 @@ from . import spawn
 
 PIECE_BYTES = 1 << 20  # a read answers at most this much
 MAX_ENTRIES = 10_000  # a listing answers at most this many entries
-DEADLINE_S = 30.0  # an operation still running after this is killed
+DEADLINE_S = 60.0  # an operation still running after this is killed
 _TYPES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
 
 

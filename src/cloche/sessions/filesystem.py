@@ -21,6 +21,9 @@ from cloche.errors import Forbidden, NotSupported, PathNotFound, PathRefused
 from cloche.sessions.processes import ProcessTable
 
 WRITE_PIECE_BYTES = 1 << 20  # a write goes to the sandbox in frames of at most this much
+# The supervisor kills an operation after 60 s (kernel/files.py) and answers: a loaded
+# machine's sandbox (just restored, say) may take long to fork the operation's child.
+ANSWER_WITHIN_S = 90.0
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ async def ask(table: ProcessTable, user: str, do: str, path: str, **fields: Any)
         PathNotFound: nothing at the path (ENOENT).
         PathRefused: refused (its errno is the exception's `code`), or a malformed answer.
     """
-    reply = await table.request("proc.fs", user=user, do=do, path=path, **fields)
+    reply = await table.request(
+        "proc.fs", _timeout_s=ANSWER_WITHIN_S, user=user, do=do, path=path, **fields
+    )
     code = reply.get("errno")
     if code is not None:
         message = str(reply.get("message") or code)

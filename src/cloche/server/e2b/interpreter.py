@@ -123,6 +123,9 @@ class Interpreter:
         self.contexts: dict[str, dict[str, Context]] = {}  # sandbox id -> id -> context
 
     def _contexts(self, where: Where) -> dict[str, Context]:
+        if where.id not in self.contexts:  # a new sandbox: forget those that are gone
+            for gone in [i for i in self.contexts if self.reach.sandboxes.known(i) is None]:
+                del self.contexts[gone]
         known = self.contexts.setdefault(where.id, {})
         if not known:
             default = Context(f"python-{where.id[:8]}", "python", HOME)
