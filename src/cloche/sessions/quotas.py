@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cloche.errors import QuotaExceeded, SessionBusy, SnapshotNotFound
+from cloche.sandbox.images import TemplateInfo
 from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ForwardedProcessVerbs
 from cloche.sessions.filesystem import ForwardedFileVerbs
@@ -443,6 +444,18 @@ class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, SessionManager):
 
     async def install_packages(self, *args: Any, **kwargs: Any) -> InstalledPackages:
         return await self.inner.install_packages(*args, **kwargs)
+
+    async def templates(self) -> list[TemplateInfo]:
+        return await self.inner.templates()
+
+    async def template(self, name: str) -> TemplateInfo:
+        return await self.inner.template(name)
+
+    async def build_template(self, *args: Any, **kwargs: Any) -> TemplateInfo:
+        return await self.inner.build_template(*args, **kwargs)
+
+    async def delete_template(self, name: str) -> None:
+        await self.inner.delete_template(name)
 
     async def interrupt(self, *args: Any, **kwargs: Any) -> bool:
         return await self.inner.interrupt(*args, **kwargs)
