@@ -8,8 +8,6 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from e2b_code_interpreter import AsyncSandbox
-
 from e2b import (
     AuthenticationException,
     CommandExitException,
@@ -19,6 +17,8 @@ from e2b import (
     SandboxException,
     SandboxQuery,
 )
+from e2b_code_interpreter import AsyncSandbox
+
 from support import E2B_OTHER as OTHER
 
 pytestmark = [pytest.mark.gvisor]

@@ -59,9 +59,8 @@ def test_smolagents_code_agent_with_the_e2b_executor(e2b_env: dict[str, str]) ->
 
 async def test_openai_agents_e2b_sandbox_client(e2b_env: dict[str, str]) -> None:
     from agents.extensions.sandbox.e2b import E2BSandboxClient, E2BSandboxClientOptions
-    from e2b_code_interpreter import AsyncSandbox
-
     from e2b import NotFoundException
+    from e2b_code_interpreter import AsyncSandbox
 
     client = E2BSandboxClient()
     options = E2BSandboxClientOptions(sandbox_type="e2b_code_interpreter", pause_on_exit=True)

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b_code_interpreter import Sandbox
-
 from e2b import (
     AuthenticationException,
     CommandExitException,
@@ -26,6 +24,8 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
+from e2b_code_interpreter import Sandbox
+
 from support import E2B_KEY as KEY
 from support import E2B_OTHER as OTHER
 from support import ServerThread
