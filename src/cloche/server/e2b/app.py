@@ -99,8 +99,8 @@ class E2B:
             await self.envd_http(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await error_json(404, "E2B's API is HTTP only here")(scope, receive, send)
+        if scope["type"] != "http":  # a websocket: E2B's API has none
+            await send({"type": "websocket.close", "code": 1008, "reason": "E2B's API is HTTP"})
             return
         sandbox_id = port = None
         for name, value in scope.get("headers", ()):
