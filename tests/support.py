@@ -468,3 +468,8 @@ def make_test_ca(directory: Path, host: str) -> tuple[Path, ssl.SSLContext]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(chain)
     return ca_file, context
+
+
+# The E2B front end's tests (tests/e2b): two tenants' tokens, one of E2B's key form.
+E2B_KEY = "e2b_0123456789abcdef0123456789abcdef01234567"
+E2B_OTHER = "e2b_other_tenant_token"

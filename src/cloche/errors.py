@@ -330,10 +330,11 @@ class QuotaExceeded(SessionError):
 class PathRefused(SessionError):
     """A path in a session's working directory is refused: unsafe, unusable, or too large."""
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, code: str = "") -> None:
         super().__init__(f"path {path!r} refused: {reason}")
         self.path = path
         self.reason = reason
+        self.code = code  # the errno's name (EACCES, EEXIST...) where the sandbox said it
 
 
 class PathNotFound(PathRefused):

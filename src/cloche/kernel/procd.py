@@ -14,6 +14,7 @@ back to it, and is reaped.
                         {"op": "proc.signal", "rid", "pid", "signal": int}
                         {"op": "proc.resize", "rid", "pid", "cols", "rows"}
                         {"op": "proc.list", "rid"}
+                        {"op": "proc.fs", "rid", "user", "do", ...}  (kernel/files.py)
                         {"op": "proc.ack", "pid", "bytes"}   (output taken: send more)
     supervisor -> host  {"op": "proc.reply", "rid", ...result | "error": str}
                         {"op": "proc.out", "pid", "fd": 1 | 2, "data": base64}
@@ -41,7 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import spawn
+from . import files, spawn
 
 WINDOW = 256 * 1024  # output bytes of one process sent and not yet acknowledged, at most
 _CHUNK = 64 * 1024
@@ -111,6 +112,7 @@ class Supervisor:
             "proc.hangup": self._hangup,
             "proc.resize": self._resize,
             "proc.list": self._list,
+            "proc.fs": files.run,  # files as a user (kernel/files.py)
         }
 
     # -- the loop ----------------------------------------------------------------------

@@ -12,18 +12,20 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 from cloche.errors import ClocheError, SessionNotFound
 from cloche.sandbox.bundle import DOOR_MOUNT
+from cloche.sessions import filesystem
 from cloche.sessions.commands import (
     CommandResult,
     Commands,
     CommandSpec,
     EventSink,
 )
+from cloche.sessions.filesystem import Entry
 from cloche.sessions.history import CellEntry, cut
 from cloche.sessions.processes import Event, ProcessTable, Watcher
 from cloche.sessions.running import RunningSessions
@@ -189,6 +191,80 @@ class ComputerSessions(RunningSessions):
     async def hang_up(self, session_id: str, pid: int, owner: str | None = None) -> None:
         _, table = await self._reach(session_id, owner)
         await table.request("proc.hangup", pid=pid)
+
+    # -- the sandbox's files, as a user (sessions.filesystem) ------------------------------
+
+    async def _as(
+        self, session_id: str, owner: str | None, user: str | None
+    ) -> tuple[ProcessTable, str]:
+        name = filesystem.check_user(user, not self.config.no_root)
+        _, table = await self._reach(session_id, owner)
+        return table, name
+
+    async def fs_stat(
+        self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
+    ) -> Entry:
+        table, name = await self._as(session_id, owner, user)
+        return Entry.of((await filesystem.ask(table, name, "stat", path)).get("entry"))
+
+    async def fs_list(
+        self,
+        session_id: str,
+        path: str,
+        depth: int = 1,
+        *,
+        user: str | None = None,
+        owner: str | None = None,
+    ) -> list[Entry]:
+        table, name = await self._as(session_id, owner, user)
+        answer = await filesystem.ask(table, name, "list", path, depth=depth)
+        return [Entry.of(raw) for raw in answer.get("entries") or []]
+
+    async def fs_make_dir(
+        self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
+    ) -> tuple[bool, Entry]:
+        table, name = await self._as(session_id, owner, user)
+        answer = await filesystem.ask(table, name, "mkdir", path)
+        return not answer.get("exists"), Entry.of(answer.get("entry"))
+
+    async def fs_move(
+        self,
+        session_id: str,
+        source: str,
+        destination: str,
+        *,
+        user: str | None = None,
+        owner: str | None = None,
+    ) -> Entry:
+        table, name = await self._as(session_id, owner, user)
+        answer = await filesystem.ask(
+            table, name, "move", source, source=source, destination=destination
+        )
+        return Entry.of(answer.get("entry"))
+
+    async def fs_remove(
+        self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
+    ) -> None:
+        table, name = await self._as(session_id, owner, user)
+        await filesystem.ask(table, name, "remove", path)
+
+    async def fs_read(
+        self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
+    ) -> tuple[int, AsyncIterator[bytes]]:
+        table, name = await self._as(session_id, owner, user)
+        return await filesystem.read_pieces(table, name, path)
+
+    async def fs_write(
+        self,
+        session_id: str,
+        path: str,
+        chunks: AsyncIterable[bytes],
+        *,
+        user: str | None = None,
+        owner: str | None = None,
+    ) -> Entry:
+        table, name = await self._as(session_id, owner, user)
+        return await filesystem.write_pieces(table, name, path, chunks)
 
     def _command_finished(
         self, session: Session, spec: CommandSpec, result: CommandResult, front_end: str

@@ -32,6 +32,7 @@ from cloche.sandbox.images import TemplateInfo, TemplateSource
 from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ProcessVerbs
 from cloche.sessions.doors import EgressAsk
+from cloche.sessions.filesystem import FileVerbs
 from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.result import CellResult
@@ -137,7 +138,7 @@ def matches(
     return all(info.metadata.get(k) == v for k, v in (metadata or {}).items())
 
 
-class SessionManager(ProcessVerbs, abc.ABC):
+class SessionManager(ProcessVerbs, FileVerbs, abc.ABC):
     """Creates, finds, runs, expires and closes sessions."""
 
     @abc.abstractmethod

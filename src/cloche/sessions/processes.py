@@ -121,8 +121,10 @@ class ProcessTable:
             raise ProcessError("the sandbox's process supervisor answered without a pid")
         return pid, list(reply.get("_watchers") or [])
 
-    async def request(self, op: str, _watchers: int = 0, **fields: Any) -> dict[str, Any]:
-        """Ask the supervisor; its answer.
+    async def request(
+        self, op: str, _watchers: int = 0, _timeout_s: float = REQUEST_TIMEOUT_S, **fields: Any
+    ) -> dict[str, Any]:
+        """Ask the supervisor; its answer (within _timeout_s).
 
         Raises:
             ProcessNotFound: the process named is not running.
@@ -136,11 +138,11 @@ class ProcessTable:
         self._watchers_for[rid] = _watchers
         try:
             self._send({"op": op, "rid": rid, **fields})
-            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            async with asyncio.timeout(_timeout_s):
                 reply = await answer
         except TimeoutError:
             raise ProcessError(
-                f"the sandbox's process supervisor did not answer {op} in {REQUEST_TIMEOUT_S:g} s"
+                f"the sandbox's process supervisor did not answer {op} in {_timeout_s:g} s"
             ) from None
         finally:
             self._asked.pop(rid, None)

@@ -40,8 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cloche.errors import QuotaExceeded, SessionBusy, SnapshotNotFound
+from cloche.sandbox.images import TemplateInfo
 from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ForwardedProcessVerbs
+from cloche.sessions.filesystem import ForwardedFileVerbs
 from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
 from cloche.sessions.observer import Observer
 from cloche.sessions.result import CellResult
@@ -106,7 +108,7 @@ class _Owner:
     reserved: Counter[str] = field(default_factory=Counter)  # admitted, not yet counted
 
 
-class QuotaGate(ForwardedProcessVerbs, SessionManager):
+class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, SessionManager):
     """`inner`, with each owner's `Terms` (`terms_of` its owner key; None: no terms) kept.
 
     Args:
@@ -442,6 +444,18 @@ class QuotaGate(ForwardedProcessVerbs, SessionManager):
 
     async def install_packages(self, *args: Any, **kwargs: Any) -> InstalledPackages:
         return await self.inner.install_packages(*args, **kwargs)
+
+    async def templates(self) -> list[TemplateInfo]:
+        return await self.inner.templates()
+
+    async def template(self, name: str) -> TemplateInfo:
+        return await self.inner.template(name)
+
+    async def build_template(self, *args: Any, **kwargs: Any) -> TemplateInfo:
+        return await self.inner.build_template(*args, **kwargs)
+
+    async def delete_template(self, name: str) -> None:
+        await self.inner.delete_template(name)
 
     async def interrupt(self, *args: Any, **kwargs: Any) -> bool:
         return await self.inner.interrupt(*args, **kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from cloche import __version__
 from cloche.config import MIB, ServerConfig
-from cloche.server import jupyter, ui
+from cloche.server import e2b, jupyter, ui
 from cloche.server.collectors import merge
 from cloche.server.events import EventBus
 from cloche.server.http import (
@@ -38,6 +39,8 @@ from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics
 from cloche.server.tenants import Tenants
 from cloche.sessions.manager import SessionManager
+
+E2B_FILES_PATH = re.compile(r"^/e2b/files$")  # E2B's uploads: as large as a disk
 
 
 def create_app(
@@ -81,6 +84,7 @@ def create_app(
     app.include_router(events.router)
     jupyter.mount(app, manager)  # the Jupyter kernel gateway: /api
     ui.mount(app)  # the inspector (/ui) and the API's docs (/docs)
+    e2b.mount(app, manager, config.limits)  # E2B's SDKs: /e2b (server/e2b)
 
     @app.get("/health", summary="200 while sandboxes can be served, else 503")
     async def health() -> JSONResponse:
@@ -102,6 +106,7 @@ def create_app(
             (context.PATH, config.limits.disk_mib * MIB),
             (sessions.UPLOAD_PATH, config.limits.disk_mib * MIB),
             (templates.UPLOAD_PATH, config.template_max_mib * MIB),
+            (E2B_FILES_PATH, config.limits.disk_mib * MIB),
         ],
     )
     return app
@@ -160,5 +165,6 @@ class HTTPFrontEnd:
     async def stop(self) -> None:
         self.server.should_exit = True
         self.app.state.mcp.stop()  # its open streams end, so connections can drain
+        await self.app.state.e2b.stop()
         background: set[asyncio.Task[None]] = self.app.state.background
         await asyncio.gather(*background, return_exceptions=True)
