@@ -269,7 +269,7 @@ class Metrics(Observer):
         self.node_events_dropped.inc(count)
 
     def egress_record(self, record: dict[str, Any]) -> None:
-        """Count one egress record (what `cloche.egress` writes to its audit file)."""
+        """Count one egress record (what `cloche.network.egress` writes to its audit file)."""
         self.egress_connections.labels(record.get("decision", "error")).inc()
         if record.get("decision") == "refused":
             self.egress_refusals.labels(record.get("reason", "unknown")).inc()

@@ -1,7 +1,7 @@
 """Sessions' egress doors: the policy a session asked for, its door on the host, and the
 door's end in its sandbox (the proxy variables a silent cell sets).
 
-The policies, the proxy and the secrets are `cloche.egress`'s; this is only how sessions
+The policies, the proxy and the secrets are `cloche.network.egress`'s; this is only how sessions
 hold them, so that pause, snapshot, fork, restart and moves keep a session's egress.
 """
 
@@ -17,9 +17,9 @@ from cloche.sessions.result import CellStatus
 from cloche.sessions.session import Session
 
 if TYPE_CHECKING:
-    from cloche.egress.policy import Policy
-    from cloche.egress.proxy import Door
-    from cloche.egress.service import Egress
+    from cloche.network.egress.policy import Policy
+    from cloche.network.egress.proxy import Door
+    from cloche.network.egress.service import Egress
 
 log = logging.getLogger("cloche.session")
 
