@@ -60,8 +60,9 @@ class PreviewDomain:
         return cls(match[2], match[1] or "http", port)
 
     def match(self, host: str) -> tuple[int, str] | None | bool:
-        """(port, session id) for a Host header naming a preview host; True for a host of
-        the domain that names none (never the API's); None for any other host."""
+        """(port, session id) for a Host header naming a preview host; True for a host
+        under the domain that names none (never the API's); None for any other host, the
+        domain itself included (it may be the API's own)."""
         name = host.strip().lower().rpartition(":")[0] if ":" in host else host.strip().lower()
         if name.endswith("."):
             name = name[:-1]
