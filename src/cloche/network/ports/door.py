@@ -204,7 +204,7 @@ class PortDoor:
         while self._waiting:
             reader, writer = self._waiting.popleft()
             self._resume_accepting()
-            if not (writer.is_closing() or reader.at_eof()):
+            if _fresh(reader, writer):
                 return reader, writer
             writer.close()
         taker = asyncio.get_running_loop().create_future()
@@ -287,7 +287,7 @@ class PortDoor:
             if not taker.done():
                 taker.set_result((reader, writer))
                 return
-        self._waiting.append((reader, writer))
+        self._waiting.append((reader, writer))  # checked again when taken (`_fresh`)
 
     # -- checkpoints and the end -----------------------------------------------------------
 
@@ -344,6 +344,13 @@ class PortDoor:
         self.closed = True
         await self._end_connections()
         self._shut.set()  # those waiting for a checkpoint's end learn it is closed
+
+
+def _fresh(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Whether a waiting connection is as the relay leaves one: open, and silent until asked
+    (one that said something, or ended, came from elsewhere in the sandbox, or is gone)."""
+    said = getattr(reader, "_buffer", b"") or getattr(reader, "_eof", False)
+    return not (writer.is_closing() or reader.at_eof() or said)
 
 
 def _widen(sock: socket.socket) -> None:
