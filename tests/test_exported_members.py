@@ -30,6 +30,8 @@ EXPECTED = [
     "PackageInstallError",
     "PathNotFound",
     "PathRefused",
+    "PortUnreachable",
+    "PreviewURL",
     "QuotaExceeded",
     "RequestTimeout",
     "RequestTooLarge",

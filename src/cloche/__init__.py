@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 from cloche.client.aio import AsyncClient, AsyncSession  # noqa: E402
 from cloche.client.execution import Cell, Execution, ExecutionError, Logs, Result  # noqa: E402
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo  # noqa: E402
+from cloche.client.ports import PreviewURL  # noqa: E402
 from cloche.client.sync import Client, Session, run  # noqa: E402
 from cloche.client.tool import tool_schema  # noqa: E402
 from cloche.errors import (  # noqa: E402
@@ -39,6 +40,7 @@ from cloche.errors import (  # noqa: E402
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    PortUnreachable,
     QuotaExceeded,
     RequestTimeout,
     RequestTooLarge,
@@ -87,6 +89,8 @@ __all__ = [
     "PackageInstallError",
     "PathNotFound",
     "PathRefused",
+    "PortUnreachable",
+    "PreviewURL",
     "QuotaExceeded",
     "RequestTimeout",
     "RequestTooLarge",

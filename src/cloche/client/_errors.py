@@ -25,6 +25,7 @@ from cloche.errors import (
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    PortUnreachable,
     QuotaExceeded,
     RequestTimeout,
     RequestTooLarge,
@@ -77,6 +78,7 @@ _BY_KIND: dict[str, type[ClocheError]] = {
     "template_in_use": TemplateInUse,
     "template_refused": TemplateRefused,
     "not_supported": NotSupported,
+    "port_unreachable": PortUnreachable,
 }
 
 

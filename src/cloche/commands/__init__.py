@@ -1,5 +1,5 @@
 """The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, rlm,
-sessions, snapshots, templates, nodes, tool-schema, mcp, bench.
+sessions, snapshots, templates, ports, nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -13,6 +13,7 @@ from cloche.commands import (
     agents,
     bench,
     nodes,
+    ports,
     repl,
     rlm,
     run,
@@ -25,5 +26,6 @@ from cloche.commands import (
 
 def add_commands(subparsers: Any) -> None:
     """Register the commands on the `cloche` parser's subparsers."""
-    for module in (serve, run, repl, rlm, sessions, snapshots, templates, nodes, agents, bench):
+    commands = (serve, run, repl, rlm, sessions, snapshots, templates, ports, nodes, agents, bench)
+    for module in commands:
         module.add(subparsers)

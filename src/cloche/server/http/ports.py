@@ -74,17 +74,33 @@ async def preview_url(
     asked: PreviewIn | None = Body(default=None),  # noqa: B008
     owner: str | None = Depends(owner_of),
 ) -> dict[str, Any]:
-    manager: SessionManager = request.app.state.manager
-    info = await manager.info(session_id, owner)  # the owner's (else 404)
-    signer: Signer = request.app.state.signer
     ttl_s = (asked or PreviewIn()).ttl_s
+    url, when = await make_preview(
+        request.app, session_id, port, owner, ttl_s, str(request.base_url)
+    )
+    return {"url": url, "expires_at": when}
+
+
+async def make_preview(
+    app: Any, session_id: str, port: int, owner: str | None, ttl_s: int, base_url: str
+) -> tuple[str, str]:
+    """A preview URL of a port of the owner's session, and when it expires (ISO 8601, UTC);
+    told as a `port.url_created` event. base_url: where the API is reached (its path route
+    is the URL's without --preview-domain).
+
+    Raises:
+        SessionNotFound: unknown, or another owner's.
+    """
+    manager: SessionManager = app.state.manager
+    info = await manager.info(session_id, owner)  # the owner's (else 404)
+    signer: Signer = app.state.signer
     token, expires_at = previews.mint(signer, session_id, port, info.owner_key, ttl_s)
-    domain: PreviewDomain | None = request.app.state.hosts.domain
+    domain: PreviewDomain | None = app.state.hosts.domain
     if domain is not None:
         url = domain.url(port, session_id)
     else:
-        url = f"{str(request.base_url).rstrip('/')}/v1/sessions/{session_id}/ports/{port}/"
+        url = f"{base_url.rstrip('/')}/v1/sessions/{session_id}/ports/{port}/"
     when = datetime.datetime.fromtimestamp(expires_at, datetime.UTC).isoformat()
     data = {"port": port, "ttl_s": ttl_s, "expires_at": when}
-    request.app.state.metrics.event("port.url_created", session_id, info.owner_key, data)
-    return {"url": previews.with_token(url, token), "expires_at": when}
+    app.state.metrics.event("port.url_created", session_id, info.owner_key, data)
+    return previews.with_token(url, token), when

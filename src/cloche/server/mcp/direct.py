@@ -10,17 +10,22 @@ way, and the per-session cell time limits set at creation over HTTP hold here to
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import datetime
+from collections.abc import Awaitable, Callable, Mapping
 
 from cloche.client.execution import Cell, Execution, cell_from_json, execution_from_json
 from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.ports import PreviewURL
 from cloche.config import Limits
-from cloche.errors import SessionNotFound
+from cloche.errors import NotSupported, SessionNotFound
 from cloche.server.http.results import execute_body
 from cloche.server.http.sessions import _session_out
 from cloche.server.http.snapshots import _snapshot_out
 from cloche.sessions import session as sessions
 from cloche.sessions.manager import SessionManager
+
+# (session id, port, owner, ttl_s) -> (URL, expires at): the API's own preview maker
+PreviewMaker = Callable[[str, int, str | None, int], Awaitable[tuple[str, str]]]
 
 
 class ManagerClient:
@@ -32,11 +37,13 @@ class ManagerClient:
         owner: str | None,
         limits: Limits,
         session_timeouts: dict[str, float],
+        previews: PreviewMaker | None = None,
     ) -> None:
         self.manager = manager
         self.owner = owner
         self._limits = limits
         self._timeouts = session_timeouts  # the HTTP API's: cell time limits by session id
+        self.previews = previews
 
     def describe(self, info: sessions.SessionInfo) -> SessionInfo:
         timeout_s = self._timeouts.get(info.id, self._limits.cell_timeout_s)
@@ -91,6 +98,10 @@ class ManagerSession:
     def id(self) -> str:
         return self.info.id
 
+    @property
+    def ports(self) -> ManagerPorts:
+        return ManagerPorts(self.client, self.id)
+
     async def refresh(self) -> SessionInfo:
         client = self.client
         self.info = client.describe(await client.manager.info(self.id, client.owner))
@@ -138,3 +149,20 @@ class ManagerSession:
         with contextlib.suppress(SessionNotFound):
             await self.client.close_session(self.id)
         self.closed = True
+
+
+class ManagerPorts:
+    """A session's ports through the manager (a `ToolPorts`)."""
+
+    def __init__(self, client: ManagerClient, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+
+    async def list(self) -> list[int]:
+        return await self.client.manager.ports(self.session_id, self.client.owner)
+
+    async def url(self, port: int, *, ttl_s: int = 3600) -> PreviewURL:
+        if self.client.previews is None:
+            raise NotSupported("this MCP endpoint makes no preview URLs")
+        url, when = await self.client.previews(self.session_id, port, self.client.owner, ttl_s)
+        return PreviewURL(url, datetime.datetime.fromisoformat(when))
