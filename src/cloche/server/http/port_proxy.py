@@ -326,7 +326,7 @@ async def _stream(
 
 def error_body(kind: str, message: str) -> bytes:
     """An error as the API answers it: {"error": {"type", "message"}}."""
-    return json.dumps({"error": {"type": kind, "message": message}}).encode()
+    return json.dumps({"error": {"type": kind, "message": message}}, separators=(",", ":")).encode()
 
 
 async def bad_gateway(send: Send, why: str) -> Exchange:
