@@ -36,6 +36,8 @@ EXPECTED = [
     "PackageInstallError",
     "PathNotFound",
     "PathRefused",
+    "PortUnreachable",
+    "PreviewURL",
     "Process",
     "ProcessError",
     "ProcessInfo",

@@ -22,6 +22,7 @@ from cloche.client.aio import AsyncClient, AsyncSession  # noqa: E402
 from cloche.client.commands import AsyncCommands, ProcessInfo  # noqa: E402
 from cloche.client.execution import Cell, Execution, ExecutionError, Logs, Result  # noqa: E402
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo  # noqa: E402
+from cloche.client.ports import PreviewURL  # noqa: E402
 from cloche.client.process import AsyncProcess, CommandResult  # noqa: E402
 from cloche.client.sync import Client, Session, run  # noqa: E402
 from cloche.client.sync_processes import Commands, Process, Terminal  # noqa: E402
@@ -44,6 +45,7 @@ from cloche.errors import (  # noqa: E402
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    PortUnreachable,
     ProcessError,
     ProcessNotFound,
     QuotaExceeded,
@@ -104,6 +106,8 @@ __all__ = [
     "ProcessError",
     "ProcessInfo",
     "ProcessNotFound",
+    "PortUnreachable",
+    "PreviewURL",
     "QuotaExceeded",
     "RequestTimeout",
     "RequestTooLarge",

@@ -1,6 +1,6 @@
 """Certificates cloche makes for itself: a CA, and certificates it signs, as PEM.
 
-Two users: egress interception (`cloche.egress.tls`: a CA the sandboxes trust, and a
+Two users: egress interception (`cloche.network.egress.tls`: a CA the sandboxes trust, and a
 certificate per intercepted host) and the cluster's data path (`cloche.cluster.tls`: a CA
 per cluster, a certificate per node agent and per front end, checked both ways).
 """

@@ -155,6 +155,8 @@ class ServerConfig:
     egress_policy: Path | None = None
     egress_audit: Path | None = None  # JSON lines of egress; None: <data_dir>/egress/audit.jsonl
     egress_secrets: Path | None = None  # --secrets: values the proxy puts into requests
+    # --preview-domain: ports served at {port}-{id}.DOMAIN too, and preview URLs name it
+    preview_domain: str | None = None
     # --cluster: sessions on the nodes of a Ray cluster (local:N, auto, HOST:PORT);
     # None: in this process
     cluster: str | None = None

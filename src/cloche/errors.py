@@ -41,6 +41,7 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── NotSupported            this server (a cluster's front end, say) does not offer that
     │   ├── ProcessError            a command or terminal could not be started or reached
     │   │   └── ProcessNotFound     no running process of that pid in the session
+    │   ├── PortUnreachable         nothing answers on a session's port (502), or its relay
     │   ├── RestoreRefused          an image that can't be restored (damaged, other runsc)
     │   ├── CheckpointFailed        a session could not be saved (it keeps running)
     │   │   └── StorageFull         --data-dir is at its budget, or its disk is full
@@ -278,6 +279,11 @@ class ProcessError(SessionError):
 
 class ProcessNotFound(ProcessError):
     """No running process of that pid in the session (it ended, or never was)."""
+
+
+class PortUnreachable(SessionError):
+    """Nothing listens on a session's port, or the sandbox's port relay does not answer;
+    the message names the port (or the relay)."""
 
 
 class RestoreRefused(SessionError):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cloche.egress.policy import EgressConfig, Rule, check_private_file
 from cloche.errors import EgressConfigError, EgressRefused
+from cloche.network.egress.policy import EgressConfig, Rule, check_private_file
 
 FILE = """
 [policies.default]

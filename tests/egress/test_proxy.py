@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cloche.egress.policy import EgressConfig, Policy
-from cloche.egress.proxy import Door
+from cloche.network.egress.policy import EgressConfig, Policy
+from cloche.network.egress.proxy import Door
 
 
 class Upstream:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cloche.egress.proxy import Door
 from cloche.kernel import egress as inside
+from cloche.network.egress.proxy import Door
 
 from .test_proxy import Records, Upstream, policy
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cloche.egress.policy import EgressConfig
-from cloche.egress.secrets import PLACEHOLDER_PREFIX, Secrets, Substitution
 from cloche.errors import EgressConfigError
+from cloche.network.egress.policy import EgressConfig
+from cloche.network.egress.secrets import PLACEHOLDER_PREFIX, Secrets, Substitution
 
 POLICIES = EgressConfig.from_dict(
     {

@@ -64,6 +64,8 @@ OPERATIONS = [
     ("DELETE", "/v1/sessions/{session_id}/commands/{pid}"),
     ("POST", "/v1/sessions/{session_id}/commands/{pid}/stdin"),
     ("POST", "/v1/sessions/{session_id}/commands/{pid}/signal"),
+    ("GET", "/v1/sessions/{session_id}/ports"),
+    ("POST", "/v1/sessions/{session_id}/ports/{port}/url"),
     ("GET", "/v1/snapshots"),
     ("GET", "/v1/snapshots/{snapshot_id}"),
     ("DELETE", "/v1/snapshots/{snapshot_id}"),

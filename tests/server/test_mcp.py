@@ -36,6 +36,8 @@ TOOLS = {
     "snapshot_session",
     "fork_session",
     "session_history",
+    "list_ports",
+    "preview_port",
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOT = (

@@ -25,6 +25,7 @@ from cloche.errors import (
     PackageInstallError,
     PathNotFound,
     PathRefused,
+    PortUnreachable,
     ProcessError,
     ProcessNotFound,
     QuotaExceeded,
@@ -80,6 +81,7 @@ _BY_KIND: dict[str, type[ClocheError]] = {
     "template_refused": TemplateRefused,
     "not_supported": NotSupported,
     "process_error": ProcessError,
+    "port_unreachable": PortUnreachable,
 }
 
 

@@ -26,6 +26,7 @@ from cloche.client._errors import error_for, translated
 from cloche.client._files import FileData, encode
 from cloche.client.execution import Execution
 from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.ports import AsyncPorts
 from cloche.client.verbs import DisplayCallback, OutputCallback, SessionVerbs
 from cloche.errors import ClocheError, SessionNotFound
 
@@ -392,6 +393,7 @@ class AsyncSession(SessionVerbs):
 
     def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
         super().__init__(client, info)
+        self.ports = AsyncPorts(client, info.id)  # its servers: `list()`, `url(port)`
 
     async def refresh(self) -> SessionInfo:
         """What the server says about this session now."""

@@ -24,6 +24,7 @@ from cloche.client._loop import LoopThread
 from cloche.client.aio import AsyncClient, AsyncSession
 from cloche.client.execution import Cell, Execution
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
+from cloche.client.ports import Ports
 from cloche.client.sync_processes import Commands, Terminal
 from cloche.client.verbs import RLM_TIMEOUT_S, DisplayCallback, InputCallback, OutputCallback
 from cloche.errors import ClocheError
@@ -214,6 +215,7 @@ class Session:
     def __init__(self, loop: LoopThread, session: AsyncSession) -> None:
         self._loop = loop
         self._async = session
+        self.ports = Ports(loop, session.ports)  # its servers: `list()`, `url(port)`
 
     @property
     def id(self) -> str:

@@ -46,7 +46,7 @@ from cloche.sessions.observer import Observer
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
 if TYPE_CHECKING:
-    from cloche.egress.service import Egress
+    from cloche.network.egress.service import Egress
 
 log = logging.getLogger("cloche.cluster")
 MEMBERSHIP_CHECK_S = 1.0  # how often an agent asks the directory whether it was declared dead
@@ -72,7 +72,7 @@ def _node_egress(
     and secrets files read at the same paths on every node (a mounted Secret on Kubernetes)."""
     if config.egress_policy is None:
         return None
-    from cloche.egress.service import Egress
+    from cloche.network.egress.service import Egress
 
     audit = config.egress_audit or config.data_dir / "egress" / "audit.jsonl"
     report = getattr(figures, "egress_record", None)

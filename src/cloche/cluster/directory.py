@@ -36,7 +36,7 @@ class Directory:
         """The CA every node's egress proxy intercepts secret-carrying hosts with (one for
         the cluster: a session that moves keeps trusting it), made when first asked for."""
         if self.egress_ca is None:
-            from cloche.egress.tls import make_ca
+            from cloche.network.egress.tls import make_ca
 
             self.egress_ca = make_ca()
         return self.egress_ca

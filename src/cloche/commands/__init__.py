@@ -1,5 +1,5 @@
 """The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, exec,
-shell, rlm, sessions, snapshots, templates, nodes, tool-schema, mcp, bench.
+shell, rlm, sessions, snapshots, templates, ports, nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -14,6 +14,7 @@ from cloche.commands import (
     bench,
     execute,
     nodes,
+    ports,
     repl,
     rlm,
     run,
@@ -37,6 +38,7 @@ def add_commands(subparsers: Any) -> None:
         sessions,
         snapshots,
         templates,
+        ports,
         nodes,
         agents,
         bench,

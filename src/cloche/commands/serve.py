@@ -118,6 +118,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         egress_policy=args.egress_policy,
         egress_audit=args.egress_audit,
         egress_secrets=args.secrets,
+        preview_domain=args.preview_domain,
         cluster=args.cluster,
         cluster_agent_port=args.cluster_agent_port,
         node_grace_s=args.node_grace,

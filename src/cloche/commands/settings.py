@@ -264,6 +264,14 @@ SERVE_OPTIONS = (
         "<data-dir>/egress/audit.jsonl, rotated at 64 MiB)",
     ),
     Option(
+        "--preview-domain",
+        str,
+        None,
+        "serve a session's ports at {port}-{session id}.DOMAIN too (a wildcard DNS name that "
+        "reaches this server: preview.example.com, https://preview.example.com behind a TLS "
+        "proxy, or localhost:8080 for a browser on this machine); preview URLs name it",
+    ),
+    Option(
         "--packages",
         str,
         "on",

@@ -16,7 +16,7 @@ import socket
 import time
 from typing import Any
 
-from . import introspect, procd
+from . import introspect, ports, procd
 from .capture import OutputCapture
 from .channel import Channel
 from .display import as_json, mime_bundle
@@ -178,8 +178,9 @@ def main() -> None:
     link_font_list()
     channel = Channel.take_stdio()
     supervisor = start_supervisor()
+    relay = ports.start()  # as the session's user, before any thread
     kernel = Kernel(channel)
-    router = Router(channel, kernel.llm, supervisor)
+    router = Router(channel, kernel.llm, supervisor, relay)
     router.start()
     try:
         kernel.serve(router)

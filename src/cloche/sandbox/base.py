@@ -65,8 +65,8 @@ class Sandbox(abc.ABC):
         # they ask for root; None: the kernel's own (a backend without users).
         self.user: str | None = None
         self.root_inside = False  # a command may run as root inside
-        # Egress: the host directory where the session's door (a unix socket) goes, and its
-        # path as the kernel sees it; None when the server gives no egress.
+        # The host directory where the session's doors (unix sockets: ports', and egress's
+        # with a policy) go, and its path as the kernel sees it; None: no doors.
         self.door_dir: Path | None = None
         self.door_inside: str | None = None
         self.limits = limits

@@ -17,7 +17,7 @@ HOME = "/home/user"
 OLD_WORKDIR = "/work"  # a link to the home, for clients of the sandbox before templates
 KERNEL_MOUNT = "/opt/cloche/cloche/kernel"
 RUNTIME_MOUNT = "/opt/cloche/site-packages"
-DOOR_MOUNT = "/run/cloche"  # egress: the session's door (a host unix socket) and CA bundle
+DOOR_MOUNT = "/run/cloche"  # the session's doors (host unix sockets: ports, egress), CA bundle
 # The session's own packages (`%pip install`): writable, on the kernel's sys.path after the
 # runtime's, so that an install can add packages but never replace one the runtime has.
 SITE_MOUNT = "/opt/cloche/session-site"

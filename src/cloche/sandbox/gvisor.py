@@ -40,8 +40,9 @@ PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not 
 # 8.5 ms at 50 under systrap; see benchmarks/results/throughput.md).
 PTRACE_FROM_PER_CORE = 2
 PROBE_TIMEOUT_S = 30.0  # for a probe sandbox's kernel to say it is up
-# What a session's saved disk holds (see `layers`): an image of another layout is refused.
-LAYOUT_VERSION = 2
+# What a session's saved disk holds (see `layers`), and its mounts (3: every sandbox has
+# its door directory, for ports): an image of another layout is refused.
+LAYOUT_VERSION = 3
 
 
 class GVisorBackend(Backend):
@@ -94,7 +95,8 @@ class GVisorBackend(Backend):
         else:
             log.info("sandbox cgroups: %s", where)
         self.runsc.ignore_cgroups = not self.cgroups
-        self.runsc.host_uds = self.config.egress_policy is not None
+        # Every sandbox has its doors: ports always, egress with --egress-policy.
+        self.runsc.host_uds = True
         self.moves_behind = self.cgroups and cgroups.can_move_behind()
         super().prepare()
         # Empty cgroups of servers that died with their state elsewhere (rmdir can only
@@ -294,7 +296,7 @@ class GVisorSandbox(Sandbox):
         bundle = self.home / "bundle"
         bundle.mkdir()
         binds = self.mounts
-        if self.runsc.host_uds:  # the server has egress: every sandbox gets a door
+        if self.runsc.host_uds:  # its doors: ports' always, egress's with a policy
             self.door_dir = self.home / "door"
             self.door_dir.mkdir(mode=0o755)
             self.door_inside = DOOR_MOUNT

@@ -27,8 +27,8 @@ class Runsc:
         self.root = root
         self.platform = platform
         self.ignore_cgroups = False  # sandboxes without cgroups (and their limits)
-        # Egress: a sandbox may connect to a host unix socket in its mounts (its door, the
-        # only one it sees); off unless the server has --egress-policy.
+        # A sandbox may connect to a host unix socket in its mounts (its doors, the only
+        # ones it sees): the ports' door always, egress's with --egress-policy.
         self.host_uds = False
 
     @classmethod

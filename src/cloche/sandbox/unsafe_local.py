@@ -80,10 +80,9 @@ class UnsafeLocalSandbox(Sandbox):
         try:
             self.workdir.mkdir(parents=True)
             self.site_dir.mkdir()
-            if self.backend.config.egress_policy is not None:  # the door, at its host path
-                self.door_dir = self.home / "door"
-                self.door_dir.mkdir()
-                self.door_inside = str(self.door_dir)
+            self.door_dir = self.home / "door"  # the doors (ports, egress), at their host path
+            self.door_dir.mkdir()
+            self.door_inside = str(self.door_dir)
             self.process = subprocess.Popen(
                 kernel_command(
                     sys.executable,

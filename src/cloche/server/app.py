@@ -24,9 +24,9 @@ from cloche.sessions.quotas import QuotaGate
 
 if TYPE_CHECKING:
     from cloche.cluster.manager import ClusterSessionManager
-    from cloche.egress.service import Egress
     from cloche.llm.bridge import SessionsLLM
     from cloche.llm.broker import Broker
+    from cloche.network.egress.service import Egress
 
 log = logging.getLogger("cloche.server")
 
@@ -46,7 +46,7 @@ def _policy_names(config: ServerConfig, tenants: Tenants) -> Collection[str] | N
     names one."""
     if config.egress_policy is None or not any(t.terms.egress for t in tenants):
         return None
-    from cloche.egress.policy import EgressConfig
+    from cloche.network.egress.policy import EgressConfig
 
     return EgressConfig.load(config.egress_policy).policies.keys()
 
@@ -102,7 +102,7 @@ class Server:
             self.backend = backend or create_backend(config)
             self.metrics = Metrics(self.events.publish)
             if config.egress_policy is not None:
-                from cloche.egress.service import Egress
+                from cloche.network.egress.service import Egress
 
                 audit = config.egress_audit or config.data_dir / "egress" / "audit.jsonl"
                 self.egress = Egress.load(

@@ -44,6 +44,7 @@ EVENT_TYPES = frozenset(
         "cell.started",
         "cell.finished",
         "quota.exceeded",
+        "port.url_created",
         "node.up",
         "node.draining",
         "node.dead",

@@ -260,6 +260,21 @@ class Metrics(Observer):
             registry=self.registry,
         )
 
+        # Ports: requests and websockets carried to servers in sessions (or refused).
+        self.port_requests = Counter(
+            "cloche_port_requests",
+            "Requests through sessions' ports, by kind (http, websocket) and status class "
+            "(1xx-5xx: the server's answer, or cloche's own refusal)",
+            ["kind", "status"],
+            registry=self.registry,
+        )
+        self.port_bytes = Counter(
+            "cloche_port_bytes",
+            "Body bytes carried through sessions' ports, by direction (in: to the server)",
+            ["direction"],
+            registry=self.registry,
+        )
+
         # Webhooks: each attempt that failed and is tried again, each event delivered,
         # each given up (retry time spent, the receiver's queue full, the server stopped).
         self.webhook_deliveries = Counter(
@@ -281,8 +296,16 @@ class Metrics(Observer):
         """Count events a cluster node dropped before a front end took them."""
         self.node_events_dropped.inc(count)
 
+    def port_exchange(self, kind: str, status: int, bytes_in: int, bytes_out: int) -> None:
+        """Count one request (or websocket) through a session's port."""
+        self.port_requests.labels(kind, f"{status // 100}xx" if status else "none").inc()
+        if bytes_in:
+            self.port_bytes.labels("in").inc(bytes_in)
+        if bytes_out:
+            self.port_bytes.labels("out").inc(bytes_out)
+
     def egress_record(self, record: dict[str, Any]) -> None:
-        """Count one egress record (what `cloche.egress` writes to its audit file)."""
+        """Count one egress record (what `cloche.network.egress` writes to its audit file)."""
         self.egress_connections.labels(record.get("decision", "error")).inc()
         if record.get("decision") == "refused":
             self.egress_refusals.labels(record.get("reason", "unknown")).inc()

@@ -38,8 +38,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cloche.egress.policy import check_private_file
 from cloche.errors import ConfigError, EgressConfigError
+from cloche.network.egress.policy import check_private_file
 from cloche.server.webhooks import secret_key
 from cloche.sessions.quotas import Quotas, Terms
 

@@ -1,10 +1,10 @@
-"""Sessions as computers: commands and terminals beside the cells, in the same sandbox.
+"""Sessions as computers: commands, terminals and ports beside the cells, in the same sandbox.
 
 The third layer of `LocalSessionManager` (`sessions.local`), over `sessions.running`: the
-process verbs of `commands.ProcessVerbs` on live sessions. A request for a paused session
-resumes it first, as a cell does. While a process is watched (a foreground run, an
-attached stream, a terminal) its session is in use: not frozen, paused or closed for
-idleness.
+process verbs of `commands.ProcessVerbs` and the port verbs of `ports.PortVerbs` on live
+sessions. A request for a paused session resumes it first, as a cell does. While a process
+is watched (a foreground run, an attached stream, a terminal) or a port is reached, its
+session is in use: not frozen, paused or closed for idleness.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import base64
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from cloche.errors import ClocheError, SessionNotFound
+from cloche.errors import ClocheError, Forbidden, SessionLost, SessionNotFound
 from cloche.sandbox.bundle import DOOR_MOUNT
 from cloche.sessions import filesystem
 from cloche.sessions.commands import (
@@ -27,6 +27,7 @@ from cloche.sessions.commands import (
 )
 from cloche.sessions.filesystem import Entry
 from cloche.sessions.history import CellEntry, cut
+from cloche.sessions.ports import Owner, OwnerKey, PortTarget
 from cloche.sessions.processes import Event, ProcessTable, Watcher
 from cloche.sessions.running import RunningSessions
 from cloche.sessions.session import Session
@@ -57,6 +58,53 @@ class ComputerSessions(RunningSessions):
             raise SessionNotFound(session_id)
         kernel.sandbox.thaw()
         return session, kernel.processes
+
+    def _owned(self, session_id: str, owner: Owner) -> Session:
+        """A session of the owner's: by its token, or by its key (a preview token's)."""
+        if not isinstance(owner, OwnerKey):
+            return self._find(session_id, owner)
+        session = self._sessions.get(session_id)
+        if session is None or session.owner_key != owner.key or not session.usable:
+            lost = self._lost.get(session_id)
+            if lost is not None and lost[0] == owner.key:
+                raise SessionLost(session_id, lost[1])
+            raise SessionNotFound(session_id)
+        return session
+
+    @asynccontextmanager
+    async def _ports_door(self, session_id: str, owner: Owner) -> AsyncIterator[Session]:
+        """A session, resumed, awake and in use for the block, with its ports door."""
+        session = self._owned(session_id, owner)
+        await session.wake()
+        session.touch()
+        kernel = session.kernel
+        if kernel is None or not kernel.alive:
+            raise SessionNotFound(session_id)
+        kernel.sandbox.thaw()
+        async with self._in_use(session):
+            yield session
+
+    async def ports(self, session_id: str, owner: Owner = None) -> list[int]:
+        async with self._ports_door(session_id, owner) as session:
+            found = await (await self.doors.ports_door(session)).listening()
+        return [p for p in found if not (session.egress is not None and p == EGRESS_PORT)]
+
+    @asynccontextmanager
+    async def _reach_port(
+        self, session_id: str, port: int, owner: Owner = None
+    ) -> AsyncIterator[PortTarget]:
+        async with self._ports_door(session_id, owner) as session:
+            if session.egress is not None and port == EGRESS_PORT:
+                raise Forbidden(
+                    f"port {port} of session {session_id} is its egress proxy, cloche's own: "
+                    "it is not reachable from outside"
+                )
+            yield PortTarget(session.id, port, await self.doors.ports_door(session))
+
+    def reach_port(
+        self, session_id: str, port: int, owner: Owner = None
+    ) -> AbstractAsyncContextManager[PortTarget]:
+        return self._reach_port(session_id, port, owner)
 
     @asynccontextmanager
     async def _in_use(self, session: Session) -> AsyncIterator[None]:

@@ -42,7 +42,7 @@ from cloche.sessions.session import Session, SessionInfo, SessionState, owner_ke
 from cloche.sessions.store import SnapshotRecord, Store
 
 if TYPE_CHECKING:
-    from cloche.egress.service import Egress
+    from cloche.network.egress.service import Egress
 
 log = logging.getLogger("cloche.session")
 

@@ -1,8 +1,10 @@
-"""Sessions' egress doors: the policy a session asked for, its door on the host, and the
-door's end in its sandbox (the proxy variables a silent cell sets).
+"""Sessions' doors: the policy a session asked for, its egress door on the host and the
+door's end in its sandbox (the proxy variables a silent cell sets); and its ports door,
+opened when a port is first asked for.
 
-The policies, the proxy and the secrets are `cloche.egress`'s; this is only how sessions
-hold them, so that pause, snapshot, fork, restart and moves keep a session's egress.
+The policies, the proxy and the secrets are `cloche.network.egress`'s, the ports' door
+`cloche.network.ports`'; this is only how sessions hold them, so that pause, snapshot, fork,
+restart and moves keep a session's egress, and no checkpoint meets a connection to the host.
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cloche.errors import CheckpointFailed, EgressRefused, SandboxError
+from cloche.errors import CheckpointFailed, ClocheError, EgressRefused, NotSupported, SandboxError
+from cloche.network.ports.door import PortDoor
+from cloche.sessions.kernel import KernelClient
 from cloche.sessions.result import CellStatus
 from cloche.sessions.session import Session
 
 if TYPE_CHECKING:
-    from cloche.egress.policy import Policy
-    from cloche.egress.proxy import Door
-    from cloche.egress.service import Egress
+    from cloche.network.egress.policy import Policy
+    from cloche.network.egress.proxy import Door
+    from cloche.network.egress.service import Egress
 
 log = logging.getLogger("cloche.session")
 
@@ -36,6 +40,7 @@ class SessionDoors:
     def __init__(self, egress: Egress | None) -> None:
         self.egress = egress
         self._doors: dict[str, Door] = {}
+        self._ports: dict[str, tuple[KernelClient, PortDoor]] = {}  # by session: its kernel's
 
     def policy_for(self, asked: EgressAsk) -> Policy | None:
         """The policy a new session gets for what it asked (None: no egress).
@@ -117,11 +122,58 @@ class SessionDoors:
         door = self._doors.pop(session_id, None)
         if door is not None:
             await door.close()
+        await self.close_ports(session_id)
 
     async def close_all(self) -> None:
         doors = list(self._doors.values())
         self._doors.clear()
-        await asyncio.gather(*(door.close() for door in doors))
+        ports = [door for _, door in self._ports.values()]
+        self._ports.clear()
+        await asyncio.gather(*(door.close() for door in doors), *(p.close() for p in ports))
+
+    # -- ports -----------------------------------------------------------------------------
+
+    async def ports_door(self, session: Session) -> PortDoor:
+        """The ports door of the session's sandbox as it runs now (made the first time)."""
+        kernel = session.kernel
+        assert kernel is not None
+        held = self._ports.get(session.id)
+        if held is not None and held[0] is kernel:
+            return held[1]
+        await self.close_ports(session.id)  # of a sandbox it had before
+        sandbox = kernel.sandbox
+        if sandbox.door_dir is None or sandbox.door_inside is None:
+            raise NotSupported("this session's sandbox has no door: its ports can't be reached")
+        door = PortDoor(session.id, sandbox.door_dir, sandbox.door_inside, kernel.processes.request)
+        self._ports[session.id] = (kernel, door)
+        return door
+
+    def ports_of(self, session: Session) -> PortDoor | None:
+        """The session's ports door, if its sandbox has one now."""
+        held = self._ports.get(session.id)
+        return held[1] if held is not None and held[0] is session.kernel else None
+
+    async def shut_ports(self, session: Session) -> PortDoor | None:
+        """End the connections of the session's ports door, on both sides, before its
+        image is saved; the door, to reopen (`PortDoor.reopen`) if the sandbox runs on.
+
+        Raises:
+            CheckpointFailed: its relay did not say it had ended them.
+        """
+        door = self.ports_of(session)
+        if door is None:
+            return None
+        try:
+            await door.shut()
+        except ClocheError as exc:
+            door.reopen()
+            raise CheckpointFailed(f"its ports' connections did not end: {exc}") from exc
+        return door
+
+    async def close_ports(self, session_id: str) -> None:
+        held = self._ports.pop(session_id, None)
+        if held is not None:
+            await held[1].close()
 
 
 def placeholders_of(described: dict[str, Any] | None) -> dict[str, str]:

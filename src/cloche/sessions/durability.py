@@ -306,20 +306,30 @@ class DurableSessions(ComputerSessions):
         self, session: Session, home: Path, *, keeps_running: bool, compressed: bool = True
     ) -> int:
         """Save a running session's image into home (its size). A session with egress has
-        its door closed and its connections ended first (gVisor cannot save a socket
-        connected to the host); the door opens again if the sandbox runs on."""
+        its door closed and its connections ended first, and one whose ports were reached
+        its ports door shut (gVisor cannot save a socket connected to the host); the doors
+        open again if the sandbox runs on."""
         assert session.kernel is not None
         policy = session.egress
-        if policy is not None:
-            await self.doors.shut_for_checkpoint(session)
+        ports = await self.doors.shut_ports(session)
+        stopped = False  # saved, and its sandbox stopped
         try:
-            size = await self.checkpoints.save(session.kernel, home, compressed=compressed)
-        except BaseException:
-            if policy is not None and session.kernel is not None and session.kernel.alive:
+            if policy is not None:
+                await self.doors.shut_for_checkpoint(session)
+            try:
+                size = await self.checkpoints.save(session.kernel, home, compressed=compressed)
+            except BaseException:
+                if policy is not None and session.kernel is not None and session.kernel.alive:
+                    await self.doors.open(session, policy)
+                raise
+            if policy is not None and keeps_running:
                 await self.doors.open(session, policy)
-            raise
-        if policy is not None and keeps_running:
-            await self.doors.open(session, policy)
+            stopped = not keeps_running
+        finally:
+            if stopped:
+                await self.doors.close_ports(session.id)
+            elif ports is not None:
+                ports.reopen()  # reached again by its next request
         return size
 
     def _page_out(self, session: Session) -> None:

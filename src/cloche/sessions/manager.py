@@ -35,6 +35,7 @@ from cloche.sessions.doors import EgressAsk
 from cloche.sessions.filesystem import FileVerbs
 from cloche.sessions.history import CellEntry
 from cloche.sessions.kernel import EventCallback
+from cloche.sessions.ports import PortVerbs
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
 from cloche.sessions.store import SnapshotRecord
@@ -138,7 +139,7 @@ def matches(
     return all(info.metadata.get(k) == v for k, v in (metadata or {}).items())
 
 
-class SessionManager(ProcessVerbs, FileVerbs, abc.ABC):
+class SessionManager(ProcessVerbs, FileVerbs, PortVerbs, abc.ABC):
     """Creates, finds, runs, expires and closes sessions."""
 
     @abc.abstractmethod

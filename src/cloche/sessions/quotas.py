@@ -46,6 +46,7 @@ from cloche.sessions.commands import ForwardedProcessVerbs
 from cloche.sessions.filesystem import ForwardedFileVerbs
 from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
 from cloche.sessions.observer import Observer
+from cloche.sessions.ports import ForwardedPortVerbs
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo, SessionState, owner_key
 from cloche.sessions.store import SnapshotRecord
@@ -108,7 +109,7 @@ class _Owner:
     reserved: Counter[str] = field(default_factory=Counter)  # admitted, not yet counted
 
 
-class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, SessionManager):
+class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, ForwardedPortVerbs, SessionManager):
     """`inner`, with each owner's `Terms` (`terms_of` its owner key; None: no terms) kept.
 
     Args:

@@ -24,7 +24,7 @@ from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.result import CellResult, CellStatus
 
 if TYPE_CHECKING:
-    from cloche.egress.policy import Policy
+    from cloche.network.egress.policy import Policy
 
 # A working directory this small is walked on the event loop: ~1 µs an entry.
 _INLINE_WALK_ENTRIES = 64

@@ -26,6 +26,7 @@ from cloche.server.http import (
     events,
     history,
     packages,
+    ports,
     profiles,
     sessions,
     snapshots,
@@ -34,9 +35,12 @@ from cloche.server.http import (
     terrarium,
 )
 from cloche.server.http.limits import BodyLimit
+from cloche.server.http.port_routes import HostRoutes, PortRoutes
+from cloche.server.http.previews import PreviewDomain
 from cloche.server.http.websocket_writes import BatchedWebSocketProtocol
 from cloche.server.mcp import http as mcp_http
 from cloche.server.metrics import CONTENT_TYPE, Metrics
+from cloche.server.signing import Signer
 from cloche.server.tenants import Tenants
 from cloche.sessions.manager import SessionManager
 
@@ -68,11 +72,17 @@ def create_app(
     app.state.limits = config.limits
     app.state.session_timeouts = {}
     app.state.background = set()
+    # Preview tokens and the inspector's cookies are signed with the server's key.
+    app.state.signer = Signer.of_data_dir(config.data_dir)
+    domain = PreviewDomain.parse(config.preview_domain) if config.preview_domain else None
+    app.state.hosts = HostRoutes(domain)  # host routes; ports other front ends serve there
+    app.state.websocket_max_bytes = config.max_frame_bytes
     errors.install(app)
     app.include_router(terrarium.router)
     app.include_router(sessions.router)
     app.include_router(commands.router)
     app.include_router(terminals.router)
+    app.include_router(ports.router)
     app.include_router(history.router)
     app.include_router(snapshots.router)
     app.include_router(context.router)
@@ -109,6 +119,8 @@ def create_app(
             (E2B_FILES_PATH, config.limits.disk_mib * MIB),
         ],
     )
+    # Outermost (added last): port routes are served before the API's limits and routes.
+    app.add_middleware(PortRoutes, api=app)
     return app
 
 

@@ -10,19 +10,24 @@ way, and the per-session cell time limits set at creation over HTTP hold here to
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from cloche.client.execution import Cell, Execution, cell_from_json, execution_from_json
 from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.ports import PreviewURL
 from cloche.client.process import CommandResult
 from cloche.config import Limits
-from cloche.errors import SessionNotFound
+from cloche.errors import NotSupported, SessionNotFound
 from cloche.server.http.results import execute_body
 from cloche.server.http.sessions import _session_out
 from cloche.server.http.snapshots import _snapshot_out
 from cloche.sessions import session as sessions
 from cloche.sessions.commands import CommandSpec
 from cloche.sessions.manager import SessionManager
+
+# (session id, port, owner, ttl_s) -> (URL, expires at): the API's own preview maker
+PreviewMaker = Callable[[str, int, str | None, int], Awaitable[tuple[str, str]]]
 
 
 class ManagerClient:
@@ -34,11 +39,13 @@ class ManagerClient:
         owner: str | None,
         limits: Limits,
         session_timeouts: dict[str, float],
+        previews: PreviewMaker | None = None,
     ) -> None:
         self.manager = manager
         self.owner = owner
         self._limits = limits
         self._timeouts = session_timeouts  # the HTTP API's: cell time limits by session id
+        self.previews = previews
 
     def describe(self, info: sessions.SessionInfo) -> SessionInfo:
         timeout_s = self._timeouts.get(info.id, self._limits.cell_timeout_s)
@@ -102,6 +109,10 @@ class ManagerSession:
     @property
     def commands(self) -> ManagerCommands:
         return ManagerCommands(self)
+
+    @property
+    def ports(self) -> ManagerPorts:
+        return ManagerPorts(self.client, self.id)
 
     async def refresh(self) -> SessionInfo:
         client = self.client
@@ -179,3 +190,20 @@ class ManagerCommands:
             self.session.id, spec, owner=client.owner, front_end="mcp"
         )
         return CommandResult.from_json(result.to_json())
+
+
+class ManagerPorts:
+    """A session's ports through the manager (a `ToolPorts`)."""
+
+    def __init__(self, client: ManagerClient, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+
+    async def list(self) -> list[int]:
+        return await self.client.manager.ports(self.session_id, self.client.owner)
+
+    async def url(self, port: int, *, ttl_s: int = 3600) -> PreviewURL:
+        if self.client.previews is None:
+            raise NotSupported("this MCP endpoint makes no preview URLs")
+        url, when = await self.client.previews(self.session_id, port, self.client.owner, ttl_s)
+        return PreviewURL(url, datetime.datetime.fromisoformat(when))

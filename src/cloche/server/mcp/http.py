@@ -27,6 +27,7 @@ from cloche.config import Limits, ServerConfig
 from cloche.errors import Unauthorized
 from cloche.server.http.auth import bearer_owner
 from cloche.server.http.errors import error_response
+from cloche.server.http.ports import make_preview
 from cloche.server.mcp.direct import ManagerClient
 from cloche.server.mcp.tools import ConnectionSessions, build_server
 from cloche.server.mcp.tools import Scope as ToolScope
@@ -48,6 +49,7 @@ class ManagerScope(ToolScope):
     token."""
 
     def __init__(self, app: FastAPI) -> None:
+        self._app = app
         self._manager: SessionManager = app.state.manager
         self._limits: Limits = app.state.limits
         self._timeouts: dict[str, float] = app.state.session_timeouts
@@ -58,7 +60,15 @@ class ManagerScope(ToolScope):
         return caller.token if caller is not None else None  # the gate let only these through
 
     def client(self, ctx: Context) -> ManagerClient:
-        return ManagerClient(self._manager, self._token(ctx), self._limits, self._timeouts)
+        base_url = f"http://{(ctx.headers or {}).get('host', '127.0.0.1')}"
+
+        async def previews(
+            session_id: str, port: int, owner: str | None, ttl_s: int
+        ) -> tuple[str, str]:
+            return await make_preview(self._app, session_id, port, owner, ttl_s, base_url)
+
+        token = self._token(ctx)
+        return ManagerClient(self._manager, token, self._limits, self._timeouts, previews)
 
     def connection(self, ctx: Context) -> str | None:
         return connection_key(ctx.headers or {}, self._token(ctx))

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from cloche.client.execution import Cell, Execution
 from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.ports import PreviewURL
 from cloche.client.process import CommandResult
 
 
@@ -29,6 +30,14 @@ class ToolCommands(Protocol):
     ) -> CommandResult: ...
 
 
+class ToolPorts(Protocol):
+    """A session's ports, as a caller reaches them (the SDK's `AsyncPorts` is one)."""
+
+    async def list(self) -> list[int]: ...
+
+    async def url(self, port: int, *, ttl_s: int = 3600) -> PreviewURL: ...
+
+
 class ToolSession(Protocol):
     """One session, as a caller reaches it."""
 
@@ -38,6 +47,10 @@ class ToolSession(Protocol):
     @property
     def info(self) -> SessionInfo:
         """As last told (made, fetched or refreshed)."""
+
+    @property
+    def ports(self) -> ToolPorts:
+        """Its servers: the ports listened on, and preview URLs."""
 
     async def refresh(self) -> SessionInfo:
         """As it is now. Raises SessionNotFound when it ended."""

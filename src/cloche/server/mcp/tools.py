@@ -403,6 +403,46 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 cells = await session.history(after, limit)
         return history_result(session.id, list(cells))
 
+    @server.tool(
+        description="The TCP ports servers listen on in a session (a dev server, a "
+        "dashboard or a notebook started by its code or commands).",
+        annotations=ToolAnnotations(read_only_hint=True),
+    )
+    async def list_ports(
+        ctx: Context,
+        session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            async with _session_for(scope, sessions, ctx, session_id) as (session, _):
+                ports = await session.ports.list()
+        listed = ", ".join(map(str, ports)) or "none"
+        return CallToolResult(
+            content=[TextContent(type="text", text=f"Ports listened on: {listed}")],
+            structured_content={"session_id": session.id, "ports": ports},
+        )
+
+    @server.tool(
+        description="A URL that opens a port of a session (a server started in it) in a "
+        "browser, for anyone who holds it and without a token, until it expires.",
+    )
+    async def preview_port(
+        port: Annotated[int, Field(description="The port the server listens on", ge=1, le=65535)],
+        ctx: Context,
+        session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
+        ttl_s: Annotated[
+            int, Field(description="Seconds the URL works for", ge=1, le=86400)
+        ] = 3600,
+    ) -> CallToolResult:
+        with _as_tool_errors():
+            async with _session_for(scope, sessions, ctx, session_id) as (session, _):
+                preview = await session.ports.url(port, ttl_s=ttl_s)
+        expires_at = preview.expires_at.isoformat()
+        text = f"{preview.url}\n(works until {expires_at})"
+        return CallToolResult(
+            content=[TextContent(type="text", text=text)],
+            structured_content={"url": preview.url, "expires_at": expires_at},
+        )
+
     @server.tool(description="Write a file into a session's working directory.")
     async def upload_file(
         path: Annotated[str, Field(description="Path under the working directory")],

@@ -25,6 +25,7 @@ from cloche.server.ui.signin import (
     caller_of_token,
     change,
     check_csrf,
+    cookie,
     forget_cookie,
     form_of,
     may_see_cluster,
@@ -71,7 +72,7 @@ async def login_form(request: Request, next: str | None = None) -> Response:  # 
         return RedirectResponse(goal, status_code=303)
     if not needs_token(api):
         return signed_in(request, None, goal)
-    login_csrf = request.cookies.get(LOGIN_COOKIE) or new_secret()
+    login_csrf = cookie(request, LOGIN_COOKIE) or new_secret()
     response = page(request, "login.html", None, title="Sign in", login_csrf=login_csrf, next=goal)
     set_cookie(request, response, LOGIN_COOKIE, login_csrf)
     return response
@@ -81,7 +82,7 @@ async def login_form(request: Request, next: str | None = None) -> Response:  # 
 async def login(request: Request) -> Response:
     """Check the token as the API would, then sign in with a cookie."""
     form = await form_of(request)
-    check_csrf(request, form.get(CSRF_FIELD), request.cookies.get(LOGIN_COOKIE) or "")
+    check_csrf(request, form.get(CSRF_FIELD), cookie(request, LOGIN_COOKIE) or "")
     goal = next_path(request, form.get("next"))
     throttle: SignInThrottle = request.app.state.sign_in_throttle
     host = request.client.host if request.client is not None else None
@@ -103,7 +104,7 @@ async def login(request: Request) -> Response:
 
 def refuse(request: Request, status: int, goal: str, refused: str) -> Response:
     """The sign-in form again, saying why."""
-    login_csrf = request.cookies.get(LOGIN_COOKIE, "")
+    login_csrf = cookie(request, LOGIN_COOKIE) or ""
     return page(
         request,
         "login.html",
@@ -125,7 +126,7 @@ def signed_in(request: Request, token: str | None, goal: str) -> Response:
 
 @router.post("/logout", include_in_schema=False)
 async def logout(request: Request, _: Change = Depends(change)) -> Response:  # noqa: B008
-    sign_ins_of(request).remove(request.cookies.get(COOKIE, ""))
+    sign_ins_of(request).remove(cookie(request, COOKIE) or "")
     response = see_other("/login")
     forget_cookie(request, response, COOKIE)
     return response

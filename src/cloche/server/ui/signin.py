@@ -2,9 +2,11 @@
 the server behind a random cookie, with a CSRF token of its own per sign-in.
 
 The browser holds only the sign-in's id (HttpOnly, SameSite=Strict, Path=/ui, Secure over
-https); the token and the CSRF token stay in this process's memory, so a restart signs
-everybody out. A server without tokens is open, as its API is: a visit signs in at once,
-still with a CSRF token, so a change can't be forged from another site.
+https), signed by the server (`cloche.server.signing`, as preview tokens are): a cookie the
+server did not set, or set too long ago, is refused before anything is looked up. The token
+and the CSRF token stay in this process's memory, so a restart signs everybody out. A server
+without tokens is open, as its API is: a visit signs in at once, still with a CSRF token, so
+a change can't be forged from another site.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.types import ASGIApp
 
 from cloche.errors import Unauthorized
 from cloche.server.http.auth import bearer_caller
+from cloche.server.signing import BadSignature, Signer
 from cloche.server.tenants import Caller
 
 if TYPE_CHECKING:
@@ -142,9 +145,9 @@ def visitor(request: Request) -> Visitor:
 def visitor_of(connection: HTTPConnection) -> Visitor:
     """The signed-in visitor of a request or a websocket. Raises SignInNeeded."""
     sign_ins: SignIns = connection.app.state.sign_ins
-    sign_in_id = connection.cookies.get(COOKIE, "")
+    sign_in_id = cookie(connection, COOKIE)
     sign_in = sign_ins.get(sign_in_id) if sign_in_id else None
-    if sign_in is None:
+    if sign_in is None or sign_in_id is None:
         raise SignInNeeded
     try:
         caller = caller_of_token(connection.app.state.api, sign_in.token)
@@ -196,12 +199,30 @@ def check_csrf(request: HTTPConnection, given: str | None, expected: str) -> Non
     raise CSRFRefused
 
 
+def _signer(request: HTTPConnection) -> Signer:
+    signer: Signer = request.app.state.api.state.signer
+    return signer
+
+
+def cookie(request: HTTPConnection, name: str) -> str | None:
+    """The value of one of the inspector's cookies, if the server signed it (and lately)."""
+    signed = request.cookies.get(name)
+    if not signed:
+        return None
+    try:
+        value = _signer(request).verify(f"ui.{name}", signed).get("v")
+    except BadSignature:
+        return None
+    return value if isinstance(value, str) else None
+
+
 def set_cookie(request: Request, response: Response, name: str, value: str) -> None:
-    """Set one of the inspector's cookies: HttpOnly, SameSite=Strict, Path=/ui, Secure
-    over https."""
+    """Set one of the inspector's cookies, signed: HttpOnly, SameSite=Strict, Path=/ui,
+    Secure over https."""
+    signed = _signer(request).sign(f"ui.{name}", {"v": value}, time.time() + IDLE_S)
     response.set_cookie(
         name,
-        value,
+        signed,
         path=PREFIX,
         httponly=True,
         samesite="strict",

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloche.egress import guard
-from cloche.egress.heads import (
+from cloche.network.egress import guard
+from cloche.network.egress.heads import (
     BadRequest,
     answer,
     destination_of,
@@ -38,9 +38,9 @@ from cloche.egress.heads import (
     parse_head,
     status_of,
 )
-from cloche.egress.policy import Policy
-from cloche.egress.secrets import Substitution
-from cloche.egress.socks import (
+from cloche.network.egress.policy import Policy
+from cloche.network.egress.secrets import Substitution
+from cloche.network.egress.socks import (
     SOCKS5,
     SOCKS_NOT_ALLOWED,
     SOCKS_OK,
@@ -48,8 +48,8 @@ from cloche.egress.socks import (
     socks_reply,
     socks_request,
 )
-from cloche.egress.splice import ready, splice_all
-from cloche.egress.tls import Interceptor
+from cloche.network.egress.tls import Interceptor
+from cloche.network.splice import ready, splice_all
 
 log = logging.getLogger("cloche.egress")
 

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cloche.egress.guard import literal
-from cloche.egress.policy import Address, Policy, Rule, check_private_file
 from cloche.errors import EgressConfigError
+from cloche.network.egress.guard import literal
+from cloche.network.egress.policy import Address, Policy, Rule, check_private_file
 
 PLACEHOLDER_PREFIX = "cloche-secret-"
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from cloche.certs import CA
-from cloche.egress.policy import EgressConfig, Policy
-from cloche.egress.proxy import Door, Record
-from cloche.egress.secrets import Secrets, Substitution
-from cloche.egress.tls import Interceptor
 from cloche.errors import EgressConfigError
+from cloche.network.egress.policy import EgressConfig, Policy
+from cloche.network.egress.proxy import Door, Record
+from cloche.network.egress.secrets import Secrets, Substitution
+from cloche.network.egress.tls import Interceptor
 
 log = logging.getLogger("cloche.egress")
 
@@ -59,7 +59,7 @@ class Egress:
             audit_path, maxBytes=AUDIT_MAX_BYTES, backupCount=AUDIT_BACKUPS, encoding="utf-8"
         )
         handler.setFormatter(logging.Formatter("%(message)s"))
-        self._audit = logging.Logger("cloche.egress.audit")  # not the root's: its own file
+        self._audit = logging.Logger("cloche.network.egress.audit")  # not the root's: its own file
         self._audit.addHandler(handler)
         self._audit.propagate = False
         self.audit_path = audit_path

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import urllib.parse
 
-from cloche.egress import guard
+from cloche.network.egress import guard
 
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "upgrade"}

@@ -15,7 +15,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
-from cloche.egress.policy import Address, Policy
+from cloche.network.egress.policy import Address, Policy
 
 CONNECT_TIMEOUT_S = 10.0
 

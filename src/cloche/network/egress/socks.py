@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 
-from cloche.egress.heads import BadRequest
+from cloche.network.egress.heads import BadRequest
 
 SOCKS5 = b"\x05"
 SOCKS_OK, _FAILURE, SOCKS_NOT_ALLOWED, SOCKS_UNREACHABLE = 0, 1, 2, 4
