@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from cloche.client._wire import Wire
 
 if TYPE_CHECKING:
-    from cloche.client.sync import _LoopThread
+    from cloche.client._loop import LoopThread
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class AsyncPorts:
 class Ports:
     """The ports of one session (`Session.ports`), blocking; see `AsyncPorts`."""
 
-    def __init__(self, loop: _LoopThread, ports: AsyncPorts) -> None:
+    def __init__(self, loop: LoopThread, ports: AsyncPorts) -> None:
         self._loop = loop
         self._async = ports
 
