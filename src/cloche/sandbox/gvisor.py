@@ -49,6 +49,7 @@ class GVisorBackend(Backend):
 
     name = "gvisor"
     can_checkpoint = True
+    can_mount_volumes = True
 
     def __init__(self, config: ServerConfig) -> None:
         super().__init__(config)
@@ -151,6 +152,9 @@ class GVisorBackend(Backend):
             return str(exc)
         finally:
             sandbox.close(grace_s=5.0)
+
+    def reserved_paths(self) -> list[str]:
+        return self.interpreters.reserved_paths()
 
     def image_origin(self) -> str:
         assert self.runsc is not None
@@ -307,6 +311,7 @@ class GVisorSandbox(Sandbox):
             limits=self.limits,
             cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),
             cpu_shares=cgroups.SERVING_CPU_SHARES if self.urgent else cgroups.STARTING_CPU_SHARES,
+            volumes=self.volumes,
         )
         (bundle / "config.json").write_text(json.dumps(config))
         platform = self.platform

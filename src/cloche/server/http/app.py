@@ -31,6 +31,7 @@ from cloche.server.http import (
     templates,
     terminals,
     terrarium,
+    volumes,
 )
 from cloche.server.http.limits import BodyLimit
 from cloche.server.http.websocket_writes import BatchedWebSocketProtocol
@@ -76,6 +77,7 @@ def create_app(
     app.include_router(packages.router)
     app.include_router(profiles.router)
     app.include_router(templates.router)
+    app.include_router(volumes.router)
     app.include_router(chat.router)
     app.include_router(cluster.router)
     app.include_router(events.router)
@@ -102,6 +104,7 @@ def create_app(
             (context.PATH, config.limits.disk_mib * MIB),
             (sessions.UPLOAD_PATH, config.limits.disk_mib * MIB),
             (templates.UPLOAD_PATH, config.template_max_mib * MIB),
+            (volumes.UPLOAD_PATH, config.volume_max_mib * MIB),
         ],
     )
     return app
