@@ -1,4 +1,5 @@
-"""Host mounts of sandboxes: a size-limited tmpfs per sandbox, overlays over templates."""
+"""Host mounts of sandboxes: a size-limited tmpfs per sandbox, overlays over templates,
+read-only views of what sandboxes are given read-only."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import os
 from pathlib import Path
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
+_MS_REMOUNT = 32
+_MS_BIND = 4096
 _MNT_DETACH = 2
 
 
@@ -34,6 +38,21 @@ def mount_overlay(path: Path, lower: Path, upper: Path, work: Path) -> None:
     if _libc.mount(b"overlay", bytes(path), b"overlay", flags, options) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mount overlay on {path} over {lower}: {os.strerror(errno)}")
+
+
+def bind_read_only(source: Path, path: Path) -> None:
+    """Bind source on path, read-only on the host itself (no submount of source comes
+    along). runsc 0.0~20240729 lets a sandbox truncate a file of a bind mount it was given
+    read-only (open with O_TRUNC returns EROFS, or nothing, after truncating on the host):
+    given a host mount that is read-only, that truncation fails too."""
+    if _libc.mount(bytes(source), bytes(path), None, _MS_BIND, None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"bind {source} on {path}: {os.strerror(errno)}")
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    if _libc.mount(None, bytes(path), None, flags, None) != 0:
+        errno = ctypes.get_errno()
+        unmount(path)
+        raise OSError(errno, f"remount {path} read-only: {os.strerror(errno)}")
 
 
 def unmount(path: Path) -> None:

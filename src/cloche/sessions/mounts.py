@@ -121,7 +121,7 @@ class VolumeSessions(LiveSessions):
             leases: list[Lease] = []
             try:
                 for mount in mounts:
-                    leases.append(store.lease(key, mount.name))
+                    leases.append(store.lease(key, mount.name, mount.read_only))
             except BaseException:
                 for lease in leases:
                     lease.release()

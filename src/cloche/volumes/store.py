@@ -6,6 +6,8 @@ while anything uses them), deleted.
     <volumes-dir>/<owner>/<name>/image.ext4   its file system (`quota`), allocated in full
     <volumes-dir>/<owner>/<name>/mnt/         where it is mounted while leased
     <volumes-dir>/<owner>/<name>/mnt/data/    what sessions and the files API see
+    <volumes-dir>/<owner>/<name>/ro/          data/ again, read-only on the host, while a
+                                              session mounts the volume read-only
 
 <owner> is the owner key (the SHA-256 of the tenant's token, as sessions' records hold it),
 `_` on a server without tokens: names are per tenant, and another tenant's volume is not
@@ -49,6 +51,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RECORD = "volume.json"
 IMAGE = "image.ext4"
 MOUNT = "mnt"
+READ_ONLY = "ro"  # data/ bound read-only on the host: runsc's own read-only binds leak
 DATA = "data"  # in the volume's file system: what sessions see (lost+found stays beside)
 NO_OWNER = "_"  # the owner directory of a server without tokens
 _NEW = ".new-"  # volumes being made
@@ -75,8 +78,9 @@ class Lease:
     """A volume mounted for one user (a sandbox, a files request): `directory` is what it
     sees; `release()` once it no longer needs it (idempotent)."""
 
-    def __init__(self, store: VolumeStore, key: Key, directory: Path) -> None:
+    def __init__(self, store: VolumeStore, key: Key, directory: Path, read_only: bool) -> None:
         self.directory = directory
+        self.read_only = read_only
         self._store = store
         self._key = key
         self._released = False
@@ -84,7 +88,7 @@ class Lease:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._store._release(self._key)
+            self._store._release(self._key, self.read_only)
 
 
 class VolumeStore:
@@ -100,6 +104,7 @@ class VolumeStore:
         self.max_mib = max_mib
         self._volumes: dict[Key, Volume] = {}
         self._leases: Counter[Key] = Counter()
+        self._read_only: Counter[Key] = Counter()  # the leases of them that are read-only
         self._usage: dict[Key, tuple[int, int]] = {}  # measured at the last unmount
         self._lock = threading.RLock()
         self._lock_fd: int | None = None
@@ -194,6 +199,7 @@ class VolumeStore:
             try:
                 making.mkdir(mode=0o700)
                 (making / MOUNT).mkdir(mode=0o700)
+                (making / READ_ONLY).mkdir(mode=0o700)
                 quota.make_image(making / IMAGE, size_mib)
                 self._first_mount(making)
                 record = {k: v for k, v in asdict(volume).items() if k != "owner_key"}
@@ -254,19 +260,22 @@ class VolumeStore:
         with self._lock:
             self.get(owner_key, name)
             home = self._home(key)
+            mounts.unmount(home / READ_ONLY)
             mounts.unmount(home / MOUNT)
             gone = home.with_name(f"{_GONE}{secrets.token_hex(8)}")
             os.rename(home, gone)
             del self._volumes[key]
             self._leases.pop(key, None)
+            self._read_only.pop(key, None)
             self._usage.pop(key, None)
         shutil.rmtree(gone, ignore_errors=True)
         log.info("volume deleted name=%s", name)
 
     # -- leases ---------------------------------------------------------------------------
 
-    def lease(self, owner_key: str | None, name: str) -> Lease:
-        """The volume mounted (if it was not) for one more user.
+    def lease(self, owner_key: str | None, name: str, read_only: bool = False) -> Lease:
+        """The volume mounted (if it was not) for one more user; read_only: its files
+        through a view the host itself keeps read-only.
 
         Raises:
             VolumeNotFound: the owner has none of that name.
@@ -279,21 +288,35 @@ class VolumeStore:
             if self._leases[key] == 0:
                 quota.mount_image(home / IMAGE, home / MOUNT)
             self._leases[key] += 1
-        return Lease(self, key, home / MOUNT / DATA)
+            if read_only:
+                try:
+                    if self._read_only[key] == 0:
+                        (home / READ_ONLY).mkdir(mode=0o700, exist_ok=True)
+                        mounts.bind_read_only(home / MOUNT / DATA, home / READ_ONLY)
+                except BaseException:
+                    self._release(key, False)
+                    raise
+                self._read_only[key] += 1
+        return Lease(self, key, home / (READ_ONLY if read_only else f"{MOUNT}/{DATA}"), read_only)
 
-    def _release(self, key: Key) -> None:
+    def _release(self, key: Key, read_only: bool) -> None:
         with self._lock:
             if self._leases[key] <= 0 or key not in self._volumes:
                 return
+            home = self._home(key)
+            if read_only and self._read_only[key] > 0:
+                self._read_only[key] -= 1
+                if self._read_only[key] == 0:
+                    del self._read_only[key]
+                    mounts.unmount(home / READ_ONLY)
             self._leases[key] -= 1
             if self._leases[key] == 0:
                 del self._leases[key]
-                point = self._home(key) / MOUNT
                 try:
-                    self._usage[key] = quota.usage(point)
+                    self._usage[key] = quota.usage(home / MOUNT)
                 except OSError:
                     pass
-                mounts.unmount(point)
+                mounts.unmount(home / MOUNT)
 
     def usage(self, volume: Volume) -> tuple[int, int]:
         """(used, capacity) in bytes: what its files take, and what they may take in all

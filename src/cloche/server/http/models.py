@@ -67,7 +67,7 @@ class VolumeMountIn(BaseModel):
         description="Where it appears inside, absolute (default /mnt/{name}); not in /proc, "
         "/dev or /sys",
     )
-    read_only: bool = Field(default=False, description="Writes inside fail with EROFS")
+    read_only: bool = Field(default=False, strict=True, description="Writes inside fail with EROFS")
 
 
 class SessionCreate(BaseModel):
