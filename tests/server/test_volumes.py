@@ -6,13 +6,16 @@ snapshot; their files reached without a session."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from cloche.sandbox import mounts
 from support import ServerThread, make_config, require_gvisor
 
 pytestmark = pytest.mark.timeout(900)
@@ -203,9 +206,9 @@ def test_pause_and_resume_mount_the_volume_again_with_its_current_contents(
     paused = volume.client.post(f"/v1/sessions/{session_id}/pause")
     assert paused.json()["state"] == "paused"
     assert volume.client.delete(f"/v1/volumes/{volume.name}").status_code == 409
-    assert volume.client.put(f"/v1/volumes/{volume.name}/files/f", content=b"new").status_code == 204
-    put = volume.client.put(f"/v1/volumes/{volume.name}/files/made/while/paused", content=b"yes")
-    assert put.status_code == 204
+    files = f"/v1/volumes/{volume.name}/files"
+    assert volume.client.put(f"{files}/f", content=b"new").status_code == 204
+    assert volume.client.put(f"{files}/made/while/paused", content=b"yes").status_code == 204
     resumed = volume.client.post(f"/v1/sessions/{session_id}/resume")
     assert resumed.json()["state"] == "idle"
     assert volume.value(session_id, "kept") == "in memory"
@@ -370,9 +373,13 @@ def test_a_data_session_mounts_a_volume_too(volume: Volume) -> None:
     """The data profile's sandboxes are restored from its checkpoint: the volume is a mount
     the checkpoint did not have."""
     session_id = volume.session(profile="data")
-    assert volume.value(
-        session_id, "import pandas; pandas.DataFrame({'a': [1]}).to_csv('/home/user/data/a.csv')"
-    ) is None
+    assert (
+        volume.value(
+            session_id,
+            "import pandas; pandas.DataFrame({'a': [1]}).to_csv('/home/user/data/a.csv')",
+        )
+        is None
+    )
     assert b"a" in volume.client.get(f"/v1/volumes/{volume.name}/files/a.csv").content
 
 
@@ -398,3 +405,50 @@ def test_events_and_metrics_count_volumes(alice: httpx.Client, server: ServerThr
         assert volumes["cloche_volume_bytes"] >= 4 * 2**20
     finally:
         made.close()
+
+
+def test_a_restarted_server_finds_its_volumes_and_its_sessions_mount_them_again(
+    make_server: Any, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    first = make_server(pool_size=1, data_dir=data_dir)
+    with httpx.Client(base_url=f"http://127.0.0.1:{first.http_port}", timeout=300) as client:
+        kept = Volume(client, "kept", size_mib=8)
+        session_id = kept.session()
+        kept.value(session_id, "x = 'state'; open('/home/user/data/f', 'w').write('before'); 0")
+    first.stop()  # the session is paused, its sandbox and the volume's mount gone
+    assert mounts.mounts_under(data_dir) == []
+    assert loop_devices_of(first) == []
+    second = make_server(pool_size=1, data_dir=data_dir)
+    with httpx.Client(base_url=f"http://127.0.0.1:{second.http_port}", timeout=300) as client:
+        kept.client = client
+        assert [v["name"] for v in client.get("/v1/volumes").json()["volumes"]] == ["kept"]
+        assert client.get("/v1/volumes/kept/files/f").content == b"before"
+        assert client.put("/v1/volumes/kept/files/g", content=b"meanwhile").status_code == 204
+        seen = kept.value(
+            session_id, "[x, open('/home/user/data/f').read(), open('/home/user/data/g').read()]"
+        )
+        assert seen == ["state", "before", "meanwhile"]
+        kept.close()
+
+
+def test_a_tenants_quota_covers_its_volumes(make_server: Any, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[tokens.carol]\ntoken = "carol"\nmax_volume_bytes = {12 * 2**20}\n')
+    tokens.chmod(0o600)
+    quota = make_server(pool_size=0, tokens_file=tokens, quota_wait_s=60.0)
+    with api(quota, "carol") as carol:
+        too_large = carol.post("/v1/volumes", json={"name": "huge", "size_mib": 13})
+        assert too_large.status_code == 429  # more than the quota allows at all: at once
+        assert "max_volume_bytes" in too_large.json()["error"]["message"]
+        first = Volume(carol, "first", size_mib=8)
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(carol.post, "/v1/volumes", json={"name": "second", "size_mib": 8})
+            deadline = time.monotonic() + 60
+            while not any(e.type == "quota.exceeded" for e in quota.server.events._buffer):
+                assert time.monotonic() < deadline, "the second creation never waited"
+                time.sleep(0.05)
+            assert not waiting.done()
+            first.close()  # its deletion makes room: the waiting creation goes on
+            assert waiting.result(timeout=120).status_code == 201
+        assert carol.delete("/v1/volumes/second").status_code == 204
