@@ -23,6 +23,7 @@ from cloche.client.execution import Cell, Execution, ExecutionError, Logs, Resul
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo  # noqa: E402
 from cloche.client.sync import Client, Session, run  # noqa: E402
 from cloche.client.tool import tool_schema  # noqa: E402
+from cloche.client.volumes import VolumeInfo  # noqa: E402
 from cloche.errors import (  # noqa: E402
     CellNotFound,
     CheckpointFailed,
@@ -61,6 +62,12 @@ from cloche.errors import (  # noqa: E402
     TooManySessions,
     Unauthorized,
     UnexpectedResponse,
+    VolumeError,
+    VolumeExists,
+    VolumeFull,
+    VolumeInUse,
+    VolumeNotFound,
+    VolumeRefused,
 )
 
 __all__ = [
@@ -113,6 +120,13 @@ __all__ = [
     "TooManySessions",
     "Unauthorized",
     "UnexpectedResponse",
+    "VolumeError",
+    "VolumeExists",
+    "VolumeFull",
+    "VolumeInUse",
+    "VolumeInfo",
+    "VolumeNotFound",
+    "VolumeRefused",
     "__version__",
     "run",
     "tool_schema",

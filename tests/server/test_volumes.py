@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+import cloche
 from cloche.sandbox import mounts
 from support import ServerThread, make_config, require_gvisor
 
@@ -452,3 +453,53 @@ def test_a_tenants_quota_covers_its_volumes(make_server: Any, tmp_path: Path) ->
             first.close()  # its deletion makes room: the waiting creation goes on
             assert waiting.result(timeout=120).status_code == 201
         assert carol.delete("/v1/volumes/second").status_code == 204
+
+
+def test_the_sdk_makes_mounts_and_reaches_volumes(server: ServerThread) -> None:
+    url = f"http://127.0.0.1:{server.http_port}"
+    with cloche.Client(url, ALICE, timeout_s=300) as client, cloche.Client(url, BOB) as other:
+        made = client.create_volume("sdk", size_mib=4)
+        assert (made.name, made.size_mib, made.sessions) == ("sdk", 4, ())
+        try:
+            client.upload_to_volume("sdk", "in/data.txt", "from the sdk")
+            with client.create_session(volumes=["sdk"]) as session:
+                assert session.info.volumes == [
+                    {"name": "sdk", "path": "/mnt/sdk", "read_only": False}
+                ]
+                out = session.run("print(open('/mnt/sdk/in/data.txt').read())")
+                assert out.logs.stdout == "from the sdk\n"
+                session.run("open('/mnt/sdk/out.txt', 'w').write('from inside')")
+                assert client.volume("sdk").sessions == (session.id,)
+                with pytest.raises(cloche.VolumeInUse):
+                    client.delete_volume("sdk")
+            with client.create_session(
+                volumes=[{"name": "sdk", "path": "/srv/ro", "read_only": True}]
+            ) as reader:
+                attempt = reader.run(
+                    "import errno\ntry:\n    open('/srv/ro/x', 'w')\n"
+                    "except OSError as e:\n    print(errno.errorcode[e.errno])"
+                )
+                assert attempt.logs.stdout == "EROFS\n"
+            assert client.download_from_volume("sdk", "out.txt") == b"from inside"
+            assert [f.path for f in client.volume_files("sdk")] == ["in/data.txt", "out.txt"]
+            assert [v.name for v in client.volumes()] == ["sdk"]
+            with pytest.raises(cloche.VolumeFull):
+                client.upload_to_volume("sdk", "big", b"x" * 5 * 2**20)
+            with pytest.raises(cloche.PathRefused):
+                client.download_from_volume("sdk", "../../etc/passwd")
+            with pytest.raises(cloche.PathNotFound):
+                client.download_from_volume("sdk", "missing")
+            client.delete_from_volume("sdk", "in")
+            assert [f.path for f in client.volume_files("sdk")] == ["out.txt"]
+            with pytest.raises(cloche.VolumeNotFound, match="Volume sdk not found"):
+                other.volume("sdk")
+            with pytest.raises(cloche.VolumeNotFound):
+                other.create_session(volumes=["sdk"])
+            with pytest.raises(cloche.VolumeExists):
+                client.create_volume("sdk", size_mib=4)
+            with pytest.raises(cloche.VolumeRefused):
+                client.create_session(volumes=[{"name": "sdk", "path": "/proc/x"}])
+        finally:
+            client.delete_volume("sdk")
+        with pytest.raises(cloche.VolumeNotFound):
+            client.delete_volume("sdk")

@@ -24,6 +24,7 @@ class SessionInfo:
     last_cell: dict[str, Any] | None = None  # {number, end_reason, ended_at}, if it ran any
     cpu_s: float | None = None  # CPU time its sandbox has used (in listings only)
     memory_bytes: int | None = None  # memory its sandbox holds now (in listings only)
+    volumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # what it mounts
 
     @property
     def cell_timeout_s(self) -> float:
@@ -44,6 +45,7 @@ class SessionInfo:
             last_cell=body.get("last_cell"),
             cpu_s=body.get("cpu_s"),
             memory_bytes=body.get("memory_bytes"),
+            volumes=list(body.get("volumes") or []),
         )
 
 

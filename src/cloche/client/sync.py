@@ -17,7 +17,7 @@ import concurrent.futures
 import os
 import signal
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -26,6 +26,7 @@ from cloche.client.aio import AsyncClient, AsyncSession
 from cloche.client.execution import Cell, Execution
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
 from cloche.client.verbs import RLM_TIMEOUT_S, DisplayCallback, InputCallback, OutputCallback
+from cloche.client.volumes import VolumeAsk, VolumeVerbs
 from cloche.errors import ClocheError
 
 T = TypeVar("T")
@@ -70,8 +71,8 @@ class _LoopThread:
             self.loop.close()
 
 
-class Client:
-    """A blocking connection to a cloche server's HTTP API.
+class Client(VolumeVerbs):
+    """A blocking connection to a cloche server's HTTP API (its volume verbs: `VolumeVerbs`).
 
     Takes the arguments of `AsyncClient` (url, token, timeout_s) and raises the same
     exceptions; see there.
@@ -101,6 +102,7 @@ class Client:
         snapshot: str | SnapshotInfo | None = None,
         egress: str | Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
+        volumes: Sequence[VolumeAsk] = (),
     ) -> Session:
         """A new session, or one restored from a snapshot; see `AsyncClient.create_session`."""
         created = self._loop.call(
@@ -112,6 +114,7 @@ class Client:
                 snapshot=snapshot,
                 egress=egress,
                 metadata=metadata,
+                volumes=volumes,
             )
         )
         return Session(self._loop, created)
