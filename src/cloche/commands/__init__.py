@@ -1,5 +1,5 @@
 """The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, rlm,
-sessions, snapshots, templates, nodes, tool-schema, mcp, bench.
+sessions, snapshots, templates, volumes, nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -20,10 +20,12 @@ from cloche.commands import (
     sessions,
     snapshots,
     templates,
+    volumes,
 )
 
 
 def add_commands(subparsers: Any) -> None:
     """Register the commands on the `cloche` parser's subparsers."""
-    for module in (serve, run, repl, rlm, sessions, snapshots, templates, nodes, agents, bench):
+    commands = (serve, run, repl, rlm, sessions, snapshots, templates, volumes, nodes, agents)
+    for module in (*commands, bench):
         module.add(subparsers)

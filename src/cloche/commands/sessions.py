@@ -19,6 +19,7 @@ from cloche.commands.common import (
     describe,
     reports_errors,
 )
+from cloche.commands.volumes import mount_of
 
 SNIPPET_CHARS = 72  # of a cell's code or output, in `sessions history`
 
@@ -56,6 +57,14 @@ def add(subparsers: Any) -> None:
         "--timeout", type=float, default=None, metavar="SECONDS", help="its cells' time limit"
     )
     add_egress_option(create)
+    create.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        type=mount_of,
+        metavar="NAME[:PATH][:ro]",
+        help="mount a volume of yours (at /mnt/NAME unless PATH; read-only with :ro); repeat",
+    )
     create.set_defaults(handler=_create)
     show = actions.add_parser("show", help="what the server says about one session")
     show.add_argument("id")
@@ -174,7 +183,11 @@ def _list(args: argparse.Namespace) -> int:
 def _create(args: argparse.Namespace) -> int:
     with client_of(args) as client:
         made = client.create_session(
-            args.profile, timeout=args.timeout, egress=args.egress, metadata=dict(args.metadata)
+            args.profile,
+            timeout=args.timeout,
+            egress=args.egress,
+            metadata=dict(args.metadata),
+            volumes=args.volume,
         )
     if args.json:
         print(json.dumps(_as_json(made.info), indent=2))
