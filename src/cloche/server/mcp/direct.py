@@ -10,21 +10,24 @@ way, and the per-session cell time limits set at creation over HTTP hold here to
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cloche.client.execution import Cell, Execution, cell_from_json, execution_from_json
 from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.volumes import mounts
 from cloche.config import Limits
 from cloche.errors import SessionNotFound
 from cloche.server.http.results import execute_body
 from cloche.server.http.sessions import _session_out
 from cloche.server.http.snapshots import _snapshot_out
+from cloche.server.mcp.volume_tools import ManagerVolumes
 from cloche.sessions import session as sessions
 from cloche.sessions.manager import SessionManager
 
 
-class ManagerClient:
-    """One caller's sessions, reached through the manager (a `ToolClient`)."""
+class ManagerClient(ManagerVolumes):
+    """One caller's sessions and volumes, reached through the manager (a `ToolClient`)."""
 
     def __init__(
         self,
@@ -53,9 +56,11 @@ class ManagerClient:
         snapshot: str | None = None,
         egress: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        volumes: Sequence[str | Mapping[str, Any]] = (),
     ) -> ManagerSession:
+        more: dict[str, Any] = {"volumes": mounts(volumes)} if volumes else {}
         info = await self.manager.create(
-            self.owner, profile=profile, snapshot=snapshot, egress=egress, metadata=metadata
+            self.owner, profile=profile, snapshot=snapshot, egress=egress, metadata=metadata, **more
         )
         return ManagerSession(self, self.describe(info))
 

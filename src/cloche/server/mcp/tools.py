@@ -21,13 +21,14 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from cloche import __version__
 from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
 from cloche.errors import ClocheError, SessionNotFound
 from cloche.server.mcp.content import execution_result, file_content, history_result
 from cloche.server.mcp.surface import ToolClient, ToolSession
+from cloche.server.mcp.volume_tools import add_volume_tools
 
 log = logging.getLogger("cloche.mcp")
 
@@ -36,11 +37,24 @@ INSTRUCTIONS = (
     "persists between calls in this connection's own session. Pass session_id to use a "
     "session made with create_session instead. Use upload_file / download_file to move "
     "files in and out of a session's working directory, and session_history to see the "
-    "cells a session ran."
+    "cells a session ran. Volumes (create_volume) keep files between sessions: mount them "
+    "with create_session(volumes=[...])."
 )
 SESSION_ID_DESCRIPTION = (
     "A session made with create_session; leave it out to use this connection's own session"
 )
+VOLUMES = (
+    "Volumes of yours it mounts (see create_volume): each a name, mounted at /mnt/NAME, or "
+    "{name, path, read_only}"
+)
+
+
+class VolumeMount(BaseModel):
+    name: str = Field(max_length=64)
+    path: str | None = Field(default=None, description="Absolute; default /mnt/NAME")
+    read_only: bool = False
+
+
 METADATA_DESCRIPTION = (
     "Labels of your choosing (string keys and values, at most 32 pairs), to find the "
     "session by with list_sessions"
@@ -207,10 +221,15 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             ),
         ] = None,
         metadata: Annotated[dict[str, str] | None, Field(description=METADATA_DESCRIPTION)] = None,
+        volumes: Annotated[list[str | VolumeMount] | None, Field(description=VOLUMES)] = None,
     ) -> CallToolResult:
         with _as_tool_errors():
             session = await scope.client(ctx).create_session(
-                profile, snapshot=snapshot, egress=egress, metadata=metadata
+                profile,
+                snapshot=snapshot,
+                egress=egress,
+                metadata=metadata,
+                volumes=[v if isinstance(v, str) else v.model_dump() for v in volumes or ()],
             )
         profile = session.info.profile  # a snapshot's own
         return CallToolResult(
@@ -226,6 +245,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 "session_id": session.id,
                 "profile": profile,
                 "metadata": session.info.metadata,
+                "volumes": session.info.volumes,
             },
         )
 
@@ -384,4 +404,5 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 data = await session.download(path)
         return CallToolResult(content=file_content(path, data))
 
+    add_volume_tools(server, scope)
     return server
