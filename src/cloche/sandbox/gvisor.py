@@ -102,6 +102,7 @@ class GVisorBackend(Backend):
         self.runsc.root = self.state.path / "runsc"
         self.runsc.root.mkdir(mode=0o700)
         (self.state.path / "sandboxes").mkdir()
+        self.views = mounts.ReadOnlyViews(self.state.path / "ro")
         build_rootfs(self.rootfs, self.interpreters.mounts)
         self.runsc.platform = self._choose_platform()
         self._ptrace_when_busy = self.config.platform == "auto" and self.runsc.platform == "systrap"
@@ -293,7 +294,7 @@ class GVisorSandbox(Sandbox):
         layers.lay(self.system, self.disk, self.home / "root", self.home / "usr")
         bundle = self.home / "bundle"
         bundle.mkdir()
-        binds = self.mounts
+        binds = [Mount(backend.views.of(m.source), m.destination) for m in self.mounts]
         if self.runsc.host_uds:  # the server has egress: every sandbox gets a door
             self.door_dir = self.home / "door"
             self.door_dir.mkdir(mode=0o755)

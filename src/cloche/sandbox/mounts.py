@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import threading
 from pathlib import Path
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -53,6 +54,29 @@ def bind_read_only(source: Path, path: Path) -> None:
         errno = ctypes.get_errno()
         unmount(path)
         raise OSError(errno, f"remount {path} read-only: {os.strerror(errno)}")
+
+
+class ReadOnlyViews:
+    """The host directories sandboxes are given read-only (the kernel's code, the
+    interpreter, the runtime), each bound once under root by `bind_read_only`, so that no
+    sandbox can truncate them (runsc's own read-only binds let it). Thread-safe; the views
+    are unmounted with everything under the server's state directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._views: dict[Path, Path] = {}
+        self._lock = threading.Lock()
+
+    def of(self, source: Path) -> Path:
+        """The read-only view of source (a directory), made on first use (blocking)."""
+        with self._lock:
+            view = self._views.get(source)
+            if view is None:
+                view = self.root / str(len(self._views))
+                view.mkdir(mode=0o700, parents=True, exist_ok=True)
+                bind_read_only(source, view)
+                self._views[source] = view
+            return view
 
 
 def unmount(path: Path) -> None:
