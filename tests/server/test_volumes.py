@@ -221,6 +221,13 @@ def test_pause_and_resume_mount_the_volume_again_with_its_current_contents(
     # And writes of the resumed session land in the volume.
     volume.value(session_id, "open('/home/user/data/after', 'w').write('resumed'); 0")
     assert volume.client.get(f"/v1/volumes/{volume.name}/files/after").content == b"resumed"
+    # A session beside it and the resumed one see each other's writes at once.
+    beside = volume.session(path="/mnt/beside")
+    for round_ in range(3):
+        volume.value(beside, f"open('/mnt/beside/f', 'w').write('beside {round_}'); 0")
+        assert volume.value(session_id, "open('/home/user/data/f').read()") == f"beside {round_}"
+        volume.value(session_id, f"open('/home/user/data/f', 'w').write('resumed {round_}'); 0")
+        assert volume.value(beside, "open('/mnt/beside/f').read()") == f"resumed {round_}"
 
 
 def test_a_snapshot_does_not_hold_the_volume_and_its_restore_mounts_it_again(
