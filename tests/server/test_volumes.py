@@ -5,6 +5,7 @@ snapshot; their files reached without a session."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +18,14 @@ import pytest
 
 import cloche
 from cloche.sandbox import mounts
-from support import ServerThread, make_config, require_gvisor
+from support import (
+    NOTHING_LEFT,
+    ServerProcess,
+    ServerThread,
+    leftovers,
+    make_config,
+    require_gvisor,
+)
 
 pytestmark = pytest.mark.timeout(900)
 ALICE, BOB = "alice-token", "bob-token"
@@ -510,3 +518,31 @@ def test_the_sdk_makes_mounts_and_reaches_volumes(server: ServerThread) -> None:
             client.delete_volume("sdk")
         with pytest.raises(cloche.VolumeNotFound):
             client.delete_volume("sdk")
+
+
+def test_a_crashed_server_leaves_nothing_mounted_that_the_next_one_cannot_clean(
+    tmp_path: Path,
+) -> None:
+    state, data = tmp_path / "state", tmp_path / "data"
+    settings = ("--data-dir", str(data), "--data-pool-size", "0")
+    first = ServerProcess(state, *settings)
+    with httpx.Client(base_url=f"http://127.0.0.1:{first.http_port}", timeout=300) as client:
+        kept = Volume(client, "crash", size_mib=8)
+        kept.value(kept.session(), "open('/home/user/data/f', 'w').write('before the crash'); 0")
+        kept.value(kept.session(path="/mnt/ro", read_only=True), "0")
+    assert len(mounts.mounts_under(data / "volumes")) == 2  # the volume, its read-only view
+    first.stop(signal.SIGKILL)
+    second = ServerProcess(state, *settings)
+    try:
+        assert leftovers(state, first.instance) == NOTHING_LEFT
+        assert mounts.mounts_under(data / "volumes") == []
+        with httpx.Client(base_url=f"http://127.0.0.1:{second.http_port}", timeout=300) as client:
+            kept.client, kept.sessions = client, []
+            reader = kept.session(read_only=True)
+            assert kept.value(reader, "open('/home/user/data/f').read()") == "before the crash"
+            kept.close()
+    finally:
+        assert second.stop() == 0
+    attached = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
+    assert str(data) not in attached.stdout
+    assert mounts.mounts_under(data) == []
