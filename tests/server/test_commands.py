@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from support import ServerThread, make_config, require_gvisor, sse_events
 
@@ -238,3 +239,72 @@ def test_bad_commands_get_clear_errors(http, session):
         assert words in reply.json()["error"]["message"], reply.text
     unknown = http.post("/v1/sessions/no-such-session/commands", json={"cmd": "true"})
     assert unknown.status_code == 404
+
+
+def test_background_commands_come_back_with_a_resumed_session_and_in_forks(http, session):
+    pid = http.post(
+        f"/v1/sessions/{session}/commands",
+        json={
+            "cmd": "while :; do date +%s%N >> ticks; sleep 0.05; done",
+            "background": True,
+            "tag": "ticker",
+        },
+    ).json()["pid"]
+    assert http.post(f"/v1/sessions/{session}/pause").status_code == 200
+    assert http.get(f"/v1/sessions/{session}").json()["state"] == "paused"
+    listed = http.get(f"/v1/sessions/{session}/commands").json()["commands"]  # resumes it
+    assert [(c["pid"], c["tag"]) for c in listed] == [(pid, "ticker")]
+
+    def ticks(where: str) -> int:
+        return len(http.get(f"/v1/sessions/{where}/files/ticks").content.splitlines())
+
+    before = ticks(session)
+    wait_until(lambda: ticks(session) > before)  # it runs on after the resume
+    copies = http.post(f"/v1/sessions/{session}/fork", json={"count": 1}).json()["sessions"]
+    copy = copies[0]["id"]
+    try:
+        listed = http.get(f"/v1/sessions/{copy}/commands").json()["commands"]
+        assert [(c["pid"], c["tag"]) for c in listed] == [(pid, "ticker")]
+        before = ticks(copy)
+        wait_until(lambda: ticks(copy) > before)
+        assert http.delete(f"/v1/sessions/{copy}/commands/{pid}").status_code == 204
+        wait_until(lambda: http.get(f"/v1/sessions/{copy}/commands").json()["commands"] == [])
+        # The original's goes on: the copy's kill was the copy's.
+        assert [
+            c["pid"] for c in http.get(f"/v1/sessions/{session}/commands").json()["commands"]
+        ] == [pid]
+    finally:
+        http.delete(f"/v1/sessions/{copy}")
+    # Its end is in the original's history once killed there.
+    assert http.delete(f"/v1/sessions/{session}/commands/{pid}").status_code == 204
+
+    def recorded() -> bool:
+        cells = http.get(f"/v1/sessions/{session}/cells").json()["cells"]
+        return any(c["kind"] == "command" and c["code"].startswith("while") for c in cells)
+
+    wait_until(recorded)
+
+
+def command_ends(http: httpx.Client, reason: str) -> float:
+    """cloche_command_ends_total{end_reason=reason}, summed over nodes (a cluster's)."""
+    total = 0.0
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for sample in family.samples:
+            if (
+                sample.name == "cloche_command_ends_total"
+                and sample.labels.get("end_reason") == reason
+            ):
+                total += sample.value
+    return total
+
+
+def test_command_ends_are_counted_by_reason(http, session):
+    before = command_ends(http, "error"), command_ends(http, "timeout")
+    run(http, session, cmd="exit 9")
+    run(http, session, cmd="sleep 30", timeout=0.5)
+    wait_until(
+        lambda: (
+            (command_ends(http, "error"), command_ends(http, "timeout"))
+            == (before[0] + 1, before[1] + 1)
+        )
+    )

@@ -29,6 +29,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
+from cloche.cluster.command_requests import CommandRequests
 from cloche.cluster.directory import DEAD
 from cloche.cluster.link import AgentServer
 from cloche.cluster.relay import EventSink, Outbox, Told
@@ -128,7 +129,7 @@ class Membership(Protocol):
         ...
 
 
-class NodeAgent(SessionRequests):
+class NodeAgent(SessionRequests, CommandRequests):
     """This node's sessions, served to front ends."""
 
     def __init__(

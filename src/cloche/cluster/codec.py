@@ -12,6 +12,8 @@ from typing import Any
 
 from cloche import errors
 from cloche.sandbox.listing import FileInfo, FileListing
+from cloche.sessions.commands import CommandResult, CommandSpec
+from cloche.sessions.processes import Event, Exit, Output
 from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import SessionInfo, SessionState
 from cloche.sessions.store import SnapshotRecord
@@ -98,3 +100,59 @@ def error_in(raw: dict[str, Any]) -> errors.ClocheError:
     else:
         exc = kind(message)
     return exc
+
+
+def spec_out(spec: CommandSpec) -> dict[str, Any]:
+    out = asdict(spec)
+    out["env"] = dict(spec.env)
+    return out
+
+
+def spec_in(raw: dict[str, Any]) -> CommandSpec:
+    args, pty = raw.get("args"), raw.get("pty")
+    return CommandSpec(
+        **{
+            **raw,
+            "args": tuple(args) if args is not None else None,
+            "pty": tuple(pty) if pty is not None else None,
+        }
+    )
+
+
+def command_result_out(result: CommandResult) -> dict[str, Any]:
+    return asdict(result)
+
+
+def command_result_in(raw: dict[str, Any]) -> CommandResult:
+    return CommandResult(**raw)
+
+
+def run_event_out(event: dict[str, Any]) -> dict[str, Any]:
+    """A foreground run's event: start {pid}, or stdout/stderr {data: bytes}."""
+    if isinstance(event.get("data"), bytes):
+        return {**event, "data": bytes_out(event["data"])}
+    return event
+
+
+def run_event_in(raw: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(raw.get("data"), str):
+        return {**raw, "data": bytes_in(raw["data"])}
+    return raw
+
+
+def event_out(event: Event) -> dict[str, Any]:
+    """A process's event, as the data path carries it."""
+    if isinstance(event, Output):
+        return {"out": event.fd, "pid": event.pid, "data": bytes_out(event.data)}
+    return {
+        "exit": event.exit_code,
+        "pid": event.pid,
+        "signal": event.signal,
+        "suspended": event.suspended,
+    }
+
+
+def event_in(raw: dict[str, Any]) -> Event:
+    if "out" in raw:
+        return Output(int(raw["pid"]), int(raw["out"]), bytes_in(raw["data"]))
+    return Exit(int(raw["pid"]), raw.get("exit"), raw.get("signal"), bool(raw.get("suspended")))

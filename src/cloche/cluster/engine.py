@@ -216,14 +216,13 @@ class Engine:
             "object_store_memory": LOCAL_OBJECT_STORE_BYTES,
             "node_ip_address": LOOPBACK,  # so Ray's servers bind loopback, not every address
         }
-        self._local = Cluster(
-            initialize_head=True,
-            head_node_args={
-                **node,
-                "_system_config": LOCAL_SYSTEM_CONFIG,
-                "include_dashboard": False,  # cloche asks the GCS; no web port to guard
-            },
-            shutdown_at_exit=False,
+        # Made empty first, then its head added: a head that fails to start (a GCS too
+        # busy to register it) leaves processes that only the cluster's shutdown ends.
+        self._local = Cluster(initialize_head=False, shutdown_at_exit=False)
+        self._local.add_node(
+            **node,
+            _system_config=LOCAL_SYSTEM_CONFIG,
+            include_dashboard=False,  # cloche asks the GCS; no web port to guard
         )
         self._nodes = nodes
         for _ in range(nodes - 1):

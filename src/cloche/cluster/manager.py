@@ -10,7 +10,8 @@ other nodes. Each node's session events reach this front end's observer through
 `cluster/relay.py`.
 
 Its layers: the nodes (`cluster/nodes.py`), where each session is (`cluster/routing.py`),
-and here the verbs of `SessionManager`, each sent to the node that holds the session.
+the process verbs (`cluster/commands.py`), and here the other verbs of `SessionManager`,
+each sent to the node that holds the session.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
 from typing import Any
 
 from cloche.cluster import codec
+from cloche.cluster.commands import ClusterCommands
 from cloche.cluster.directory import ALIVE
 from cloche.cluster.link import LinkDown
 from cloche.cluster.nodes import Node, node_failed
 from cloche.cluster.placement import choose
-from cloche.cluster.routing import SessionRouting
 from cloche.errors import (
     ClocheError,
     EgressRefused,
@@ -47,7 +48,7 @@ from cloche.sessions.volumes import NOT_HERE as VOLUMES_NOT_HERE
 STREAM_CHUNK_BYTES = 1 << 20
 
 
-class ClusterSessionManager(SessionRouting):
+class ClusterSessionManager(ClusterCommands):
     """Sessions on the node agents of a Ray cluster (`cloche serve --cluster ...`)."""
 
     async def create(

@@ -90,6 +90,19 @@ class Metrics(Observer):
             buckets=_CELL_BUCKETS_S,
             registry=self.registry,
         )
+        self.command_ends = Counter(
+            "cloche_command_ends",
+            "Commands and terminals of sessions ended, by end_reason (ok, error, signaled, "
+            "timeout, killed, output_limit, sandbox_died)",
+            ["end_reason"],
+            registry=self.registry,
+        )
+        self.command_duration = Histogram(
+            "cloche_command_duration_seconds",
+            "Wall time of sessions' commands and terminals",
+            buckets=_CELL_BUCKETS_S,
+            registry=self.registry,
+        )
         self.queue_wait = Histogram(
             "cloche_cell_queue_wait_seconds",
             "Time a cell waited to run: behind its session's earlier cells, then for its turn",
@@ -307,6 +320,10 @@ class Metrics(Observer):
         self.queue_wait.observe(result.queue_wait_s)
         for kind in breaches(result):
             self.limit_breaches.labels(kind).inc()
+
+    def command_finished(self, end_reason: str, seconds: float) -> None:
+        self.command_ends.labels(end_reason).inc()
+        self.command_duration.observe(seconds)
 
     def session_paused(self, reason: str, image_bytes: int) -> None:
         self.pauses.labels(reason).inc()
