@@ -102,11 +102,21 @@ def volume(alice: httpx.Client, request: pytest.FixtureRequest) -> Iterator[Volu
     made.close()
 
 
+def loop_devices_under(root: Path, timeout_s: float = 60.0) -> list[str]:
+    """The loop devices attached to images under root, once none is left or after
+    timeout_s: a loop device lets go of its image just after the last unmount, not at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
+        found = [line for line in out.stdout.splitlines() if str(root) in line]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def loop_devices_of(server: ServerThread) -> list[str]:
-    """The loop devices attached to this server's volume images."""
-    attached = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
-    root = str(server.config.volumes_root)
-    return [line for line in attached.stdout.splitlines() if root in line]
+    """The loop devices still attached to this server's volume images."""
+    return loop_devices_under(server.config.volumes_root)
 
 
 def test_data_written_in_one_session_is_read_in_the_next(volume: Volume) -> None:
@@ -543,6 +553,5 @@ def test_a_crashed_server_leaves_nothing_mounted_that_the_next_one_cannot_clean(
             kept.close()
     finally:
         assert second.stop() == 0
-    attached = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
-    assert str(data) not in attached.stdout
+    assert loop_devices_under(data) == []
     assert mounts.mounts_under(data) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,9 +47,16 @@ def store(root: Path) -> Iterator[VolumeStore]:
     opened.close()
 
 
-def attached(root: Path) -> list[str]:
-    out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if str(root) in line]
+def attached(root: Path, timeout_s: float = 30.0) -> list[str]:
+    """Loop devices attached to images under root, once none is left or after timeout_s (a
+    loop device lets go of its image just after the last unmount, not at once)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
+        found = [line for line in out.stdout.splitlines() if str(root) in line]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def test_a_volume_is_mounted_only_while_leased(store: VolumeStore, root: Path) -> None:
