@@ -28,6 +28,7 @@ from cloche.client.sync import Client, Session, run  # noqa: E402
 from cloche.client.sync_processes import Commands, Process, Terminal  # noqa: E402
 from cloche.client.terminal import AsyncTerminal  # noqa: E402
 from cloche.client.tool import tool_schema  # noqa: E402
+from cloche.client.volumes import VolumeInfo  # noqa: E402
 from cloche.errors import (  # noqa: E402
     CellNotFound,
     CheckpointFailed,
@@ -70,6 +71,12 @@ from cloche.errors import (  # noqa: E402
     TooManySessions,
     Unauthorized,
     UnexpectedResponse,
+    VolumeError,
+    VolumeExists,
+    VolumeFull,
+    VolumeInUse,
+    VolumeNotFound,
+    VolumeRefused,
 )
 
 __all__ = [
@@ -135,6 +142,13 @@ __all__ = [
     "TooManySessions",
     "Unauthorized",
     "UnexpectedResponse",
+    "VolumeError",
+    "VolumeExists",
+    "VolumeFull",
+    "VolumeInUse",
+    "VolumeInfo",
+    "VolumeNotFound",
+    "VolumeRefused",
     "__version__",
     "run",
     "tool_schema",

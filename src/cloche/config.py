@@ -177,8 +177,17 @@ class ServerConfig:
     # <data_dir>/templates. Root-only: images hold setuid files.
     templates_dir: Path | None = None
     template_max_mib: int = 8192  # a tarball or image uploaded as a build's body, MiB
+    # Volumes (files that outlive sessions), each <volumes_dir>/<owner>/<name>/; None:
+    # <data_dir>/volumes. Root-only but for the volumes' own files.
+    volumes_dir: Path | None = None
+    volume_max_mib: int = 10240  # the largest size one volume may have, MiB
 
     @property
     def templates_root(self) -> Path:
         """Where templates are built and kept: --templates-dir, or <data_dir>/templates."""
         return self.templates_dir or self.data_dir / "templates"
+
+    @property
+    def volumes_root(self) -> Path:
+        """Where volumes are kept: --volumes-dir, or <data_dir>/volumes."""
+        return self.volumes_dir or self.data_dir / "volumes"

@@ -23,6 +23,12 @@ Errors in the *user's* code are not exceptions: they are data in a cell's result
     │   ├── TemplateFailed          its build failed: the builder's own lines say why
     │   ├── TemplateInUse           live or paused sessions use it (it can't be deleted)
     │   └── TemplateRefused         a bad name or source, or the built-in `python` (400)
+    ├── VolumeError                 a volume can't be made, found, mounted or deleted
+    │   ├── VolumeNotFound          the tenant has no volume of that name
+    │   ├── VolumeExists            the tenant has one of that name already
+    │   ├── VolumeInUse             live or paused sessions mount it (it can't be deleted)
+    │   ├── VolumeRefused           a bad name, size or mount path (400)
+    │   └── VolumeFull              a file written through the API would pass its size
     ├── SandboxError                a sandbox could not be started or was lost
     │   ├── SandboxStartError       it failed to start (after retries)
     │   └── KernelDied              it exited or broke the channel while in use
@@ -65,7 +71,9 @@ server for the same conditions: a 404 about a session is `SessionNotFound`, a 40
 `Unauthorized`, a 403 `Forbidden`, a 429 is `TooManySessions` (`QuotaExceeded` over a
 tenant's quota), a 503 is `SandboxError`; about templates, a 404 is `TemplateNotFound`, a 409
 `TemplateExists`, `TemplateNotReady`, `TemplateFailed` or `TemplateInUse`, a 400
-`TemplateRefused`, a 501 `NotSupported`. What only a client can meet is under `ClientError`.
+`TemplateRefused`, a 501 `NotSupported`; about volumes, a 404 is `VolumeNotFound`, a 409
+`VolumeExists` or `VolumeInUse`, a 400 `VolumeRefused`, a 507 `VolumeFull`. What only a
+client can meet is under `ClientError`.
 """
 
 from __future__ import annotations
@@ -182,6 +190,35 @@ class TemplateRefused(TemplateError):
     """A request about templates refused as it stands: a bad name, a source that is not
     there or not offered, or the built-in template `python` (which can't be built over or
     deleted)."""
+
+
+class VolumeError(ClocheError):
+    """A volume can't be made, found, mounted or deleted."""
+
+
+class VolumeNotFound(VolumeError):
+    """The tenant has no volume of that name (never made, deleted, or another tenant's)."""
+
+    def __init__(self, name: str, why: str = "") -> None:
+        super().__init__(f"Volume {name} not found{why}")
+        self.name = name
+
+
+class VolumeExists(VolumeError):
+    """The tenant has a volume of that name already: delete it first, or pick another."""
+
+
+class VolumeInUse(VolumeError):
+    """Live or paused sessions mount the volume: it can't be deleted until they end."""
+
+
+class VolumeRefused(VolumeError):
+    """A request about volumes refused as it stands: a bad name, a size out of bounds, a
+    mount path that is not allowed."""
+
+
+class VolumeFull(VolumeError):
+    """A file written through the volumes API would take the volume past its size."""
 
 
 class SandboxError(ClocheError):

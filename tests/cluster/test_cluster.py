@@ -342,6 +342,20 @@ def test_the_cluster_view_needs_a_token_and_a_single_server_has_none(cluster) ->
     }
 
 
+def test_volumes_are_not_offered_over_a_cluster_and_say_why(cluster) -> None:
+    with client(cluster, BETA) as http:
+        for method, path, body in (
+            ("POST", "/v1/volumes", {"name": "data", "size_mib": 4}),
+            ("GET", "/v1/volumes", None),
+            ("GET", "/v1/volumes/data/files", None),
+            ("POST", "/v1/sessions", {"volumes": [{"name": "data"}]}),
+        ):
+            refused = http.request(method, path, json=body)
+            assert refused.status_code == 501, (path, refused.text)
+            assert "--cluster" in refused.json()["error"]["message"]
+        assert http.get("/v1/sessions").json()["sessions"] == []
+
+
 def test_the_cli_lists_drains_within_a_grace_and_resumes_nodes(cluster) -> None:
     """`cloche nodes`, as an operator (or a pod's preStop) would run it."""
     cli = Path(sys.executable).parent / "cloche"

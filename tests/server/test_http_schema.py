@@ -74,6 +74,14 @@ OPERATIONS = [
     ("GET", "/v1/templates"),
     ("GET", "/v1/templates/{name}"),
     ("DELETE", "/v1/templates/{name}"),
+    ("POST", "/v1/volumes"),
+    ("GET", "/v1/volumes"),
+    ("GET", "/v1/volumes/{name}"),
+    ("DELETE", "/v1/volumes/{name}"),
+    ("GET", "/v1/volumes/{name}/files"),
+    ("GET", "/v1/volumes/{name}/files/{path}"),
+    ("PUT", "/v1/volumes/{name}/files/{path}"),
+    ("DELETE", "/v1/volumes/{name}/files/{path}"),
     ("POST", "/v1/chat/completions"),
     ("GET", "/v1/cluster"),
     ("POST", "/v1/cluster/nodes/{node_id}/drain"),
@@ -94,6 +102,8 @@ def fuzzed(state_root) -> Iterator[ServerThread]:
         data_pool_size=2,
         # Fuzzed code that happens to loop must not hold the run up for long.
         limits=Limits(cell_timeout_s=5, interrupt_grace_s=1),
+        # Volumes are allocated in full: fuzzed sizes stay small.
+        volume_max_mib=16,
     )
     with ServerThread(config) as running:
         running.call(running.server.manager.pools["data"].wait_full(600), timeout_s=600)
@@ -120,6 +130,14 @@ def live_session(fuzzed: ServerThread, http_session: requests.Session) -> Iterat
     http_session.delete(f"{base}/{session_id}")  # 404 if the fuzzer deleted it: fine
 
 
+@pytest.fixture
+def live_volume(fuzzed: ServerThread, http_session: requests.Session) -> Iterator[str]:
+    """A real volume, so that operations on one get past "not found"."""
+    base = f"http://127.0.0.1:{fuzzed.http_port}/v1/volumes"
+    http_session.post(base, json={"name": "fuzzed", "size_mib": 4})  # 409 if left: fine
+    yield "fuzzed"
+
+
 def test_the_schema_has_exactly_the_operations_fuzzed_here(api_schema):
     found = {
         (result.ok().method.upper(), result.ok().path) for result in api_schema.get_all_operations()
@@ -129,7 +147,9 @@ def test_the_schema_has_exactly_the_operations_fuzzed_here(api_schema):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
-def test_no_input_makes_a_server_error(api_schema, http_session, live_session, method, path):
+def test_no_input_makes_a_server_error(
+    api_schema, http_session, live_session, live_volume, method, path
+):
     operation = api_schema[path][method]
     # Valid and invalid cases mixed. Where nothing can be made invalid (no parameters, or
     # only string path parameters: every value is a valid string), the negative strategy
@@ -138,6 +158,8 @@ def test_no_input_makes_a_server_error(api_schema, http_session, live_session, m
     if "{session_id}" in path:
         # Random ids only ever meet "not found": half the cases aim at a live session.
         fixed.append({"path_parameters": {"session_id": live_session}})
+    if path.startswith("/v1/volumes/{name}"):
+        fixed.append({"path_parameters": {"name": live_volume}})
     cases = st.one_of(
         operation.as_strategy(generation_mode=mode, **parameters)
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
@@ -162,5 +184,8 @@ def test_no_input_makes_a_server_error(api_schema, http_session, live_session, m
                 # The sessions it makes would otherwise pile up to --max-sessions.
                 session_id = response.json()["id"]
                 http_session.delete(f"{case.operation.base_url}/v1/sessions/{session_id}")
+            if (method, path) == ("POST", "/v1/volumes") and response.status_code == 201:
+                name = response.json()["name"]
+                http_session.delete(f"{case.operation.base_url}/v1/volumes/{name}")
 
     fuzz()

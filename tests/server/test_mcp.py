@@ -38,6 +38,12 @@ TOOLS = {
     "session_history",
     "list_ports",
     "preview_port",
+    "create_volume",
+    "list_volumes",
+    "delete_volume",
+    "list_volume_files",
+    "write_volume_file",
+    "read_volume_file",
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOT = (
@@ -429,3 +435,42 @@ async def test_a_connected_client_does_not_hold_up_the_servers_shutdown(make_ser
         await asyncio.to_thread(server.stop)  # its MCP streams are still open
         assert time.monotonic() - begun < 30
         assert server.server.manager.list(None) == []
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_volumes_are_made_filled_mounted_and_deleted_by_tools(url, transport):
+    name = f"mcp-{transport}"
+    async with CONNECTIONS[transport](url) as client:
+        made = await client.call_tool("create_volume", {"name": name, "size_mib": 4})
+        assert not made.is_error, text_of(made)
+        wrote = await client.call_tool(
+            "write_volume_file", {"name": name, "path": "in/note.txt", "content": "kept"}
+        )
+        assert not wrote.is_error, text_of(wrote)
+        created = await client.call_tool("create_session", {"volumes": [name]})
+        assert not created.is_error, text_of(created)
+        session_id = created.structured_content["session_id"]
+        assert created.structured_content["volumes"] == [
+            {"name": name, "path": f"/mnt/{name}", "read_only": False}
+        ]
+        code = f"open('/mnt/{name}/in/note.txt').read() + '!'"
+        read = await run(client, code, session_id=session_id)
+        assert read.structured_content["result"] == "'kept!'"
+        await run(client, f"open('/mnt/{name}/out.txt', 'w').write('made')", session_id=session_id)
+        listed = await client.call_tool("list_volumes", {})
+        (row,) = [v for v in listed.structured_content["volumes"] if v["name"] == name]
+        assert row["sessions"] == [session_id]
+        busy = await client.call_tool("delete_volume", {"name": name})
+        assert busy.is_error and "VolumeInUse" in text_of(busy)
+        await client.call_tool("close_session", {"session_id": session_id})
+        files = await client.call_tool("list_volume_files", {"name": name})
+        paths = [f["path"] for f in files.structured_content["files"]]
+        assert paths == ["in/note.txt", "out.txt"]
+        out = await client.call_tool("read_volume_file", {"name": name, "path": "out.txt"})
+        assert text_of(out) == "made"
+        escape = await client.call_tool("read_volume_file", {"name": name, "path": "../x"})
+        assert escape.is_error and "PathRefused" in text_of(escape)
+        gone = await client.call_tool("delete_volume", {"name": name})
+        assert not gone.is_error, text_of(gone)
+        missing = await client.call_tool("list_volume_files", {"name": name})
+        assert missing.is_error and f"Volume {name} not found" in text_of(missing)

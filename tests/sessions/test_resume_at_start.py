@@ -67,11 +67,11 @@ def test_a_restore_that_fails_to_start_is_tried_again(make_server, monkeypatch) 
     real = Checkpoints._restore_once
     failures: list[str] = []
 
-    async def flaky(self, home, *args):  # type: ignore[no-untyped-def]
+    async def flaky(self, home, *rest):  # type: ignore[no-untyped-def]
         if not failures:
             failures.append(str(home))
             raise SandboxStartError("runsc restore: exit status 128 (injected)")
-        return await real(self, home, *args)
+        return await real(self, home, *rest)
 
     monkeypatch.setattr(Checkpoints, "_restore_once", flaky)
     with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as api:

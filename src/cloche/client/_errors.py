@@ -49,6 +49,11 @@ from cloche.errors import (
     TooManySessions,
     Unauthorized,
     UnexpectedResponse,
+    VolumeExists,
+    VolumeFull,
+    VolumeInUse,
+    VolumeNotFound,
+    VolumeRefused,
 )
 
 # How long past a cell's own time limit to wait for its answer: the server's interrupt
@@ -59,7 +64,7 @@ _LLM_ERRORS: dict[str, type[LLMError]] = {
     "llm_budget": LLMBudgetExceeded,
     "llm_error": LLMError,
 }
-_QUOTAS = ("max_live_sessions", "max_paused_sessions", "max_snapshot_bytes")
+_QUOTAS = ("max_live_sessions", "max_paused_sessions", "max_snapshot_bytes", "max_volume_bytes")
 _BY_STATUS: dict[int, type[ClocheError]] = {
     400: InvalidRequest,
     409: SessionBusy,
@@ -82,6 +87,10 @@ _BY_KIND: dict[str, type[ClocheError]] = {
     "not_supported": NotSupported,
     "process_error": ProcessError,
     "port_unreachable": PortUnreachable,
+    "volume_exists": VolumeExists,
+    "volume_in_use": VolumeInUse,
+    "volume_refused": VolumeRefused,
+    "volume_full": VolumeFull,
 }
 
 
@@ -165,6 +174,8 @@ def error_for(
             return SessionNotFound(session_id)
         if snapshot_id is not None and message.startswith("Snapshot "):
             return SnapshotNotFound(snapshot_id)
+        if message.startswith("Volume "):
+            return _with_message(VolumeNotFound(message.split()[1]), message)
         if file_path is not None:
             return _with_message(PathNotFound(file_path), message)
         if "is not running" in message:  # a command's pid

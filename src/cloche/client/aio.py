@@ -14,7 +14,7 @@ import base64
 import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import quote
@@ -28,6 +28,7 @@ from cloche.client.execution import Execution
 from cloche.client.info import SessionInfo, SnapshotInfo
 from cloche.client.ports import AsyncPorts
 from cloche.client.verbs import DisplayCallback, OutputCallback, SessionVerbs
+from cloche.client.volumes import AsyncVolumeVerbs, VolumeAsk, mounts
 from cloche.errors import ClocheError, SessionNotFound
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -44,8 +45,8 @@ def default_token() -> str | None:
     return tokens[0] if tokens else None
 
 
-class AsyncClient:
-    """A connection to a cloche server's HTTP API.
+class AsyncClient(AsyncVolumeVerbs):
+    """A connection to a cloche server's HTTP API (its volume verbs: `AsyncVolumeVerbs`).
 
     Args:
         url: the server's HTTP address; default CLOCHE_URL, else http://127.0.0.1:8080.
@@ -88,6 +89,7 @@ class AsyncClient:
         egress: str | Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
         template: str | None = None,
+        volumes: Sequence[VolumeAsk] = (),
     ) -> AsyncSession:
         """A new session.
 
@@ -109,6 +111,8 @@ class AsyncClient:
             template: the system it runs (`templates()` lists them): `python` (the
                 default: the server's interpreter and runtime), or one built from an
                 image; a template's sessions are of profile lean.
+            volumes: volumes of this token it mounts, each a name (at /mnt/NAME) or
+                {"name", "path", "read_only"}; from a snapshot, the snapshot's.
 
         Raises:
             InvalidMetadata: metadata of the wrong shape or over the limits.
@@ -135,6 +139,8 @@ class AsyncClient:
             body["metadata"] = dict(metadata)
         if env:
             body["env"] = dict(env)
+        if volumes:
+            body["volumes"] = mounts(volumes)
         if files:
             body["files"] = [
                 {"filename": name, "b64_data": base64.b64encode(encode(data)).decode()}

@@ -25,6 +25,7 @@ class SessionInfo:
     cpu_s: float | None = None  # CPU time its sandbox has used (in listings only)
     memory_bytes: int | None = None  # memory its sandbox holds now (in listings only)
     template: str = "python"  # the template its system is made of
+    volumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # what it mounts
 
     @property
     def cell_timeout_s(self) -> float:
@@ -46,6 +47,7 @@ class SessionInfo:
             cpu_s=body.get("cpu_s"),
             memory_bytes=body.get("memory_bytes"),
             template=str(body.get("template") or "python"),
+            volumes=list(body.get("volumes") or []),
         )
 
 

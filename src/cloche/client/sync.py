@@ -15,7 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -27,6 +27,7 @@ from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
 from cloche.client.ports import Ports
 from cloche.client.sync_processes import Commands, Terminal
 from cloche.client.verbs import RLM_TIMEOUT_S, DisplayCallback, InputCallback, OutputCallback
+from cloche.client.volumes import VolumeAsk, VolumeVerbs
 from cloche.errors import ClocheError
 
 # After Ctrl-C, how long to wait for the interrupted cell to end before dropping its stream
@@ -35,8 +36,8 @@ from cloche.errors import ClocheError
 INTERRUPT_WAIT_S = 15.0
 
 
-class Client:
-    """A blocking connection to a cloche server's HTTP API.
+class Client(VolumeVerbs):
+    """A blocking connection to a cloche server's HTTP API (its volume verbs: `VolumeVerbs`).
 
     Takes the arguments of `AsyncClient` (url, token, timeout_s) and raises the same
     exceptions; see there.
@@ -67,6 +68,7 @@ class Client:
         egress: str | Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
         template: str | None = None,
+        volumes: Sequence[VolumeAsk] = (),
     ) -> Session:
         """A new session, or one restored from a snapshot; see `AsyncClient.create_session`."""
         created = self._loop.call(
@@ -79,6 +81,7 @@ class Client:
                 egress=egress,
                 metadata=metadata,
                 template=template,
+                volumes=volumes,
             )
         )
         return Session(self._loop, created)

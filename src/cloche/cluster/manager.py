@@ -31,6 +31,7 @@ from cloche.cluster.placement import choose
 from cloche.errors import (
     ClocheError,
     EgressRefused,
+    NotSupported,
     SandboxStartError,
     SnapshotNotFound,
     TooManySessions,
@@ -42,6 +43,7 @@ from cloche.sessions.manager import EgressAsk, InstalledPackages, check_metadata
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
 from cloche.sessions.store import SnapshotRecord
+from cloche.sessions.volumes import NOT_HERE as VOLUMES_NOT_HERE
 
 STREAM_CHUNK_BYTES = 1 << 20
 
@@ -59,7 +61,10 @@ class ClusterSessionManager(ClusterCommands):
         cell_timeout_s: float | None = None,
         template: str | None = None,
         env: Mapping[str, str] | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
     ) -> SessionInfo:
+        if volumes:
+            raise NotSupported(VOLUMES_NOT_HERE)
         labels = check_metadata(metadata) if metadata else None
         if egress is not None and self.config.egress_policy is None:
             raise EgressRefused(

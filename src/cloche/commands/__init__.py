@@ -1,5 +1,5 @@
 """The commands of the `cloche` CLI: serve (the server), and its clients: run, repl, exec,
-shell, rlm, sessions, snapshots, templates, ports, nodes, tool-schema, mcp, bench.
+shell, rlm, sessions, snapshots, templates, ports, volumes, nodes, tool-schema, mcp, bench.
 
 Each module has an `add(subparsers)` that registers its command(s); `cloche.cli` calls
 `add_commands`.
@@ -23,6 +23,7 @@ from cloche.commands import (
     shell,
     snapshots,
     templates,
+    volumes,
 )
 
 
@@ -39,6 +40,7 @@ def add_commands(subparsers: Any) -> None:
         snapshots,
         templates,
         ports,
+        volumes,
         nodes,
         agents,
         bench,

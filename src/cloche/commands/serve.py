@@ -129,6 +129,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         webhook_retry_s=args.webhook_retry,
         templates_dir=args.templates_dir,
         template_max_mib=args.template_max_mib,
+        volumes_dir=args.volumes_dir,
+        volume_max_mib=args.volume_max_mib,
         no_root=args.no_root,
     )
 

@@ -20,6 +20,7 @@ from cloche.commands.common import (
     describe,
     reports_errors,
 )
+from cloche.commands.volumes import mount_of
 
 SNIPPET_CHARS = 72  # of a cell's code or output, in `sessions history`
 
@@ -58,6 +59,14 @@ def add(subparsers: Any) -> None:
     )
     add_egress_option(create)
     add_new_session_options(create)
+    create.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        type=mount_of,
+        metavar="NAME[:PATH][:ro]",
+        help="mount a volume of yours (at /mnt/NAME unless PATH; read-only with :ro); repeat",
+    )
     create.set_defaults(handler=_create)
     show = actions.add_parser("show", help="what the server says about one session")
     show.add_argument("id")
@@ -183,6 +192,7 @@ def _create(args: argparse.Namespace) -> int:
             metadata=dict(args.metadata),
             template=args.template,
             env=dict(args.env),
+            volumes=args.volume,
         )
     if args.json:
         print(json.dumps(_as_json(made.info), indent=2))

@@ -185,6 +185,19 @@ SERVE_OPTIONS = (
         "largest tarball or image uploaded as a template build's body, MiB",
     ),
     Option(
+        "--volumes-dir",
+        Path,
+        None,
+        "where volumes are kept, each an ext4 image of its size (root-only); found again at "
+        "start [default: <--data-dir>/volumes]",
+    ),
+    Option(
+        "--volume-max-mib",
+        int,
+        _config.volume_max_mib,
+        "the largest size one volume may have, MiB (each is allocated in full on disk)",
+    ),
+    Option(
         "--max-paused-sessions",
         int,
         _config.max_paused_sessions,

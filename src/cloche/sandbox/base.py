@@ -16,10 +16,12 @@ import secrets
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, ClassVar
 
 from cloche.config import Limits, ServerConfig
+from cloche.sandbox.bundle import VolumeBind
 from cloche.sandbox.layers import System
 from cloche.sandbox.state import StateDir
 
@@ -35,6 +37,10 @@ _BOOTSTRAP = (
     "sys.path[:0]=sys.argv[2:];"
     "from cloche.kernel.main import main;main()"
 )
+
+
+# Done to a new sandbox before it launches, by the layers above (its volumes bound).
+SandboxSetup = Callable[["Sandbox"], Awaitable[None]]
 
 
 def kernel_command(python: str, package_parent: str, sys_path: list[str]) -> list[str]:
@@ -80,6 +86,10 @@ class Sandbox(abc.ABC):
         # With restore_from: the saved disk (see `disk`, `archive.pack`), laid out again before
         # the kernel comes back, so the files it had open are found where they were.
         self.seed: Path | None = None
+        # Volumes bound into it (before `launch`), and what to call once it is freed (their
+        # leases let go).
+        self.volumes: list[VolumeBind] = []
+        self.when_freed: list[Callable[[], None]] = []
 
     @property
     def disk(self) -> Path:
@@ -228,7 +238,14 @@ class Sandbox(abc.ABC):
                         stream.close()
                 except OSError:
                     pass
-        self._release()
+        try:
+            self._release()
+        finally:
+            for freed in self.when_freed:
+                try:
+                    freed()
+                except Exception:  # one hook's failure must not keep the others from running
+                    log.exception("sandbox %s: a hook after its release failed", self.id)
 
     @abc.abstractmethod
     def _release(self) -> None:
@@ -241,6 +258,7 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     unsafe: ClassVar[bool] = False
     can_checkpoint: ClassVar[bool] = False  # its sandboxes can be saved and restored
+    can_mount_volumes: ClassVar[bool] = False  # its sandboxes take `Sandbox.volumes`
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -265,6 +283,11 @@ class Backend(abc.ABC):
     def shutdown(self) -> None:
         """Release the state directory. Sandboxes must be closed before."""
         self.state.release()
+
+    def reserved_paths(self) -> list[str]:
+        """Directories its sandboxes mount for themselves: no volume goes at, in or above
+        one of them."""
+        return []
 
     def image_origin(self) -> str:
         """What a checkpoint image made here depends on: another is not restored."""

@@ -65,6 +65,18 @@ class Mount:
     destination: str
 
 
+@dataclass(frozen=True)
+class VolumeBind:
+    """A volume bound into the sandbox: a host directory other sandboxes may bind at the
+    same time. runsc gives bind mounts `--file-access-mounts=shared` by default: the
+    sentry revalidates what it caches and keeps no file data of its own, so a write of
+    one sandbox is read by the others at once (tests/server/test_volumes.py)."""
+
+    source: Path
+    destination: str
+    read_only: bool = False
+
+
 def build_rootfs(rootfs: Path, mounts: list[Mount]) -> None:
     """The template python's root: merged-/usr links, our own /etc, the user's home, and
     empty mount points (below each session's layer: never written)."""
@@ -104,10 +116,12 @@ def oci_config(
     cgroups_path: str,
     cpu_shares: int = cgroups.STARTING_CPU_SHARES,
     root_inside: bool = True,
+    volumes: list[VolumeBind] | None = None,
 ) -> dict[str, Any]:
     """config.json for one sandbox, hardened as the security spec says. The root is the
     session's overlay (writable, bounded by its disk); with root_inside the kernel starts as
-    root inside the sandbox, to fork the process supervisor, and then becomes the user."""
+    root inside the sandbox, to fork the process supervisor, and then becomes the user.
+    Volumes come last, parents before what they hold (one may go inside the home)."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
     rw = ["rbind", "rw", "nosuid", "nodev"]
     oci_mounts: list[dict[str, Any]] = [
@@ -127,6 +141,16 @@ def oci_config(
     if site_dir is not None:
         oci_mounts.append(
             {"destination": SITE_MOUNT, "type": "bind", "source": str(site_dir), "options": rw}
+        )
+    for volume in sorted(volumes or (), key=lambda v: v.destination.count("/")):
+        options = ro if volume.read_only else rw
+        oci_mounts.append(
+            {
+                "destination": volume.destination,
+                "type": "bind",
+                "source": str(volume.source),
+                "options": options,
+            }
         )
     resources: dict[str, Any] = {
         "memory": {"limit": limits.cgroup_memory_mib * MIB},

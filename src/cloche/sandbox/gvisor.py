@@ -50,6 +50,7 @@ class GVisorBackend(Backend):
 
     name = "gvisor"
     can_checkpoint = True
+    can_mount_volumes = True
 
     def __init__(self, config: ServerConfig) -> None:
         super().__init__(config)
@@ -106,6 +107,7 @@ class GVisorBackend(Backend):
         self.runsc.root = self.state.path / "runsc"
         self.runsc.root.mkdir(mode=0o700)
         (self.state.path / "sandboxes").mkdir()
+        self.views = mounts.ReadOnlyViews(self.state.path / "ro")
         build_rootfs(self.rootfs, self.interpreters.mounts)
         self.runsc.platform = self._choose_platform()
         self._ptrace_when_busy = self.config.platform == "auto" and self.runsc.platform == "systrap"
@@ -156,6 +158,9 @@ class GVisorBackend(Backend):
             return str(exc)
         finally:
             sandbox.close(grace_s=5.0)
+
+    def reserved_paths(self) -> list[str]:
+        return self.interpreters.reserved_paths()
 
     def image_origin(self) -> str:
         assert self.runsc is not None
@@ -295,7 +300,7 @@ class GVisorSandbox(Sandbox):
         layers.lay(self.system, self.disk, self.home / "root", self.home / "usr")
         bundle = self.home / "bundle"
         bundle.mkdir()
-        binds = self.mounts
+        binds = [Mount(backend.views.of(m.source), m.destination) for m in self.mounts]
         if self.runsc.host_uds:  # its doors: ports' always, egress's with a policy
             self.door_dir = self.home / "door"
             self.door_dir.mkdir(mode=0o755)
@@ -313,6 +318,7 @@ class GVisorSandbox(Sandbox):
             limits=self.limits,
             cgroups_path=cgroups.cgroups_path(backend.state.instance, self.id),
             cpu_shares=cgroups.SERVING_CPU_SHARES if self.urgent else cgroups.STARTING_CPU_SHARES,
+            volumes=self.volumes,
         )
         (bundle / "config.json").write_text(json.dumps(config))
         if backend.cgroups:  # v2: cloche makes the group (see cgroups.install)

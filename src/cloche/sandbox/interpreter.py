@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloche.sandbox.base import KERNEL_PACKAGE_DIR, kernel_command
-from cloche.sandbox.bundle import KERNEL_MOUNT, RUNTIME_MOUNT, SITE_MOUNT, Mount
+from cloche.sandbox.bundle import DOOR_MOUNT, KERNEL_MOUNT, RUNTIME_MOUNT, SITE_MOUNT, Mount
 from cloche.sandbox.layers import System
 
 PACKAGE_PARENT = str(Path(KERNEL_MOUNT).parent.parent)  # holds cloche/kernel inside
@@ -49,6 +49,13 @@ class Interpreters:
             self.mounts.append(Mount(self.prefix, str(self.prefix)))
         if self.runtime is not None:
             self.mounts.append(Mount(self.runtime, RUNTIME_MOUNT))
+
+    def reserved_paths(self) -> list[str]:
+        """Where sandboxes mount what they need (/usr, the kernel, the runtime, the
+        interpreter's prefix, the door, the session's packages) and its images' pythons."""
+        own = {m.destination for m in self.mounts}
+        own |= {"/usr", PACKAGE_PARENT, RUNTIME_MOUNT, SITE_MOUNT, DOOR_MOUNT}
+        return sorted(own | {FOREIGN_PYTHON, FOREIGN_LIBS})
 
     def for_system(self, system: System, runtime: Path | None = None) -> Kernel:
         """The kernel of a sandbox of system; runtime: a profile's own site-packages,

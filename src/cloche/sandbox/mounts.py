@@ -1,19 +1,22 @@
-"""Host mounts of sandboxes: a size-limited tmpfs per sandbox, overlays over templates;
-and making a read-only mount writable (a container's own cgroups, sandbox/cgroups/host.py)."""
+"""Host mounts of sandboxes: a size-limited tmpfs per sandbox, overlays over templates,
+read-only views of what sandboxes are given read-only; and making a read-only mount
+writable (a container's own cgroups, sandbox/cgroups/host.py)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+import threading
 from pathlib import Path
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
-_MNT_DETACH = 2
 _MS_REMOUNT = 32
 _MS_BIND = 4096
+_MNT_DETACH = 2
 # Flags a bind remount must repeat (statvfs's ST_* have mount's MS_* values): nosuid,
 # nodev, noexec, noatime, nodiratime, relatime.
 _KEPT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096
@@ -49,6 +52,44 @@ def remount_read_write(path: Path) -> None:
     if _libc.mount(None, bytes(path), None, flags, None) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"remount {path} read-write: {os.strerror(errno)}")
+
+
+def bind_read_only(source: Path, path: Path) -> None:
+    """Bind source on path, read-only on the host itself (no submount of source comes
+    along). runsc 0.0~20240729 lets a sandbox truncate a file of a bind mount it was given
+    read-only (open with O_TRUNC returns EROFS, or nothing, after truncating on the host):
+    given a host mount that is read-only, that truncation fails too."""
+    if _libc.mount(bytes(source), bytes(path), None, _MS_BIND, None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"bind {source} on {path}: {os.strerror(errno)}")
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    if _libc.mount(None, bytes(path), None, flags, None) != 0:
+        errno = ctypes.get_errno()
+        unmount(path)
+        raise OSError(errno, f"remount {path} read-only: {os.strerror(errno)}")
+
+
+class ReadOnlyViews:
+    """The host directories sandboxes are given read-only (the kernel's code, the
+    interpreter, the runtime), each bound once under root by `bind_read_only`, so that no
+    sandbox can truncate them (runsc's own read-only binds let it). Thread-safe; the views
+    are unmounted with everything under the server's state directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._views: dict[Path, Path] = {}
+        self._lock = threading.Lock()
+
+    def of(self, source: Path) -> Path:
+        """The read-only view of source (a directory), made on first use (blocking)."""
+        with self._lock:
+            view = self._views.get(source)
+            if view is None:
+                view = self.root / str(len(self._views))
+                view.mkdir(mode=0o700, parents=True, exist_ok=True)
+                bind_read_only(source, view)
+                self._views[source] = view
+            return view
 
 
 def unmount(path: Path) -> None:

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("cloche.server")
 
 
-# Events after which a tenant may have room again (a close, a pause, a resume).
-_ROOM_EVENTS = frozenset({"session.closed", "session.paused", "session.resumed"})
+# Events after which a tenant may have room again (a close, a pause, a resume, a volume gone).
+_ROOM_EVENTS = frozenset({"session.closed", "session.paused", "session.resumed", "volume.deleted"})
 
 
 def _room_made(gate: QuotaGate, event: Event) -> None:

@@ -35,6 +35,7 @@ class ManagerCollector(Collector):
         )
         stored.add_metric([], self.manager.store.used_bytes)
         yield stored
+        yield from _volume_figures(self.manager)
         gate = self.manager.gate
         waiting = GaugeMetricFamily(
             "cloche_cells_waiting_turn",
@@ -75,6 +76,22 @@ class ManagerCollector(Collector):
         yield hits
         yield misses
         yield target
+
+
+def _volume_figures(manager: LocalSessionManager) -> Iterator[GaugeMetricFamily]:
+    """How many volumes there are, their sizes together, and how many are mounted now."""
+    every = manager.volume_store.all()
+    count = GaugeMetricFamily("cloche_volumes", "Volumes kept in --volumes-dir")
+    count.add_metric([], len(every))
+    yield count
+    size = GaugeMetricFamily("cloche_volume_bytes", "Sizes of the volumes together, bytes")
+    size.add_metric([], sum(v.size_mib for v in every) * 2**20)
+    yield size
+    mounted = GaugeMetricFamily(
+        "cloche_volumes_mounted", "Volumes mounted now (by sessions' sandboxes or file requests)"
+    )
+    mounted.add_metric([], manager.volume_store.mounted())
+    yield mounted
 
 
 class ClusterCollector(Collector):

@@ -48,6 +48,8 @@ EVENT_TYPES = frozenset(
         "node.up",
         "node.draining",
         "node.dead",
+        "volume.created",
+        "volume.deleted",
     }
 )
 GAP = "events.gap"  # a resumed subscriber's id is older than the buffer holds

@@ -9,6 +9,7 @@
     max_paused_sessions = 200
     max_running_cells = 8
     max_snapshot_bytes = 10737418240
+    max_volume_bytes = 53687091200   # the sizes of its volumes together
     egress = "research"              # the --egress-policy policy its sessions get by default
     webhook = "https://hooks.example.com/cloche"   # its sessions' events, signed with
     webhook_secret = "whsec_..."                    # this key (Standard Webhooks)
@@ -127,6 +128,7 @@ class _Table(BaseModel):
     max_paused_sessions: int | None = Field(None, ge=0)
     max_running_cells: int | None = Field(None, ge=1)
     max_snapshot_bytes: int | None = Field(None, ge=0)
+    max_volume_bytes: int | None = Field(None, ge=0)
     egress: str | None = Field(None, min_length=1)
     webhook: str | None = None
     webhook_secret: str | None = Field(None, repr=False)
@@ -166,6 +168,7 @@ class _Table(BaseModel):
             max_paused_sessions=self.max_paused_sessions,
             max_running_cells=self.max_running_cells,
             max_snapshot_bytes=self.max_snapshot_bytes,
+            max_volume_bytes=self.max_volume_bytes,
         )
         return Tenant(
             name=name,

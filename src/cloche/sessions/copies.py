@@ -20,6 +20,7 @@ from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import new_session_id
 from cloche.sessions.session import Session, SessionInfo, owner_key
 from cloche.sessions.store import SnapshotRecord
+from cloche.volumes.paths import VolumeMount
 
 log = logging.getLogger("cloche.session")
 # A fork's image is restored at once into its copies, then deleted: uncompressed, it is
@@ -62,6 +63,7 @@ class CopyableSessions(DurableSessions):
                 metadata=dict(session.metadata),
                 template=session.template,
                 env=dict(session.env),
+                volumes=[m.to_json() for m in session.volumes],
             )
             self.store.save(record)
             self._snapshots[snapshot_id] = record
@@ -104,10 +106,27 @@ class CopyableSessions(DurableSessions):
         self, snapshot_id: str, owner: str | None, metadata: dict[str, str] | None = None
     ) -> Session:
         record = self._snapshot(snapshot_id, owner)
-        await self._room_for(1)
-        started = time.perf_counter()
+        mounts = [VolumeMount(**v) for v in record.volumes]
+        why = f": snapshot {snapshot_id} mounts it, and it was deleted since"
+        with self._claim_volumes(record.owner_key, mounts, why):
+            await self._room_for(1)
+            started = time.perf_counter()
+            home = self.store.snapshot_dir(snapshot_id)
+            setup = self._volume_setup(record.owner_key, mounts)
+            kernel = await self._restore(
+                home, record.origin, record.profile, record.template, setup
+            )
+            return await self._adopt_snapshot(snapshot_id, record, kernel, started, metadata)
+
+    async def _adopt_snapshot(
+        self,
+        snapshot_id: str,
+        record: SnapshotRecord,
+        kernel: KernelClient,
+        started: float,
+        metadata: dict[str, str] | None,
+    ) -> Session:
         home = self.store.snapshot_dir(snapshot_id)
-        kernel = await self._restore(home, record.origin, record.profile, record.template)
         self.observer.snapshot_restored(time.perf_counter() - started)
         history = await asyncio.to_thread(History.load, home, self.config.history_cells)
         session = self._adopt(
@@ -119,6 +138,7 @@ class CopyableSessions(DurableSessions):
             history=history,
             template=record.template,
             env=record.env,
+            volumes=[VolumeMount(**v) for v in record.volumes],
         )
         await self._follow_running(session)
         return session
@@ -159,7 +179,13 @@ class CopyableSessions(DurableSessions):
             started = time.perf_counter()
             kernels = await asyncio.gather(
                 *(
-                    self._restore(home, origin, session.profile, session.template)
+                    self._restore(
+                        home,
+                        origin,
+                        session.profile,
+                        session.template,
+                        self._volume_setup(session.owner_key, session.volumes),
+                    )
                     for _ in range(count)
                 ),
                 return_exceptions=True,
@@ -177,6 +203,7 @@ class CopyableSessions(DurableSessions):
                             cell_timeout_s=session.cell_timeout_s,
                             template=session.template,
                             env=session.env,
+                            volumes=session.volumes,
                         )
                     )
             failed = [k for k in kernels if isinstance(k, BaseException)]

@@ -3,7 +3,7 @@ profile and template (or a snapshot restored, by the durability layers), its env
 set, its kernel equipped with what its cells reach through the channel (llm_query,
 packages), and its record written.
 
-The second layer of `LocalSessionManager` (`sessions.local`), over `sessions.core`.
+The layer of `LocalSessionManager` (`sessions.local`) over `sessions.mounts`.
 """
 
 from __future__ import annotations
@@ -11,25 +11,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from cloche.errors import SandboxError
+from cloche.errors import SandboxError, VolumeRefused
 from cloche.packages.bridge import KernelPip
-from cloche.sessions.core import LiveSessions
 from cloche.sessions.doors import EgressAsk, egress_record, owner_tag, placeholders_of
 from cloche.sessions.history import History
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.manager import check_env, check_metadata, new_session_id
+from cloche.sessions.mounts import VolumeSessions
 from cloche.sessions.profiles import PYTHON
 from cloche.sessions.result import CellStatus
 from cloche.sessions.session import Session, SessionInfo, owner_key
 from cloche.sessions.store import RecordState, SessionRecord
+from cloche.volumes.paths import VolumeMount
 
 log = logging.getLogger("cloche.session")
 ENV_TIMEOUT_S = 30.0  # for a new session's kernel to take its environment
 
 
-class NewSessions(LiveSessions):
+class NewSessions(VolumeSessions):
     """Live sessions, and how new ones are made."""
 
     async def create(
@@ -42,9 +44,16 @@ class NewSessions(LiveSessions):
         cell_timeout_s: float | None = None,
         template: str | None = None,
         env: Mapping[str, str] | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
     ) -> SessionInfo:
         labels = check_metadata(metadata or {})
         variables = check_env(env or {})
+        mounts = self._volume_mounts(volumes, template or PYTHON)
+        if mounts and snapshot is not None:
+            raise VolumeRefused(
+                "a session restored from a snapshot mounts the snapshot's volumes: leave out "
+                "volumes"
+            )
         if egress is None and self.catalog is not None:  # the profile's own, if it has one
             status = self.catalog.statuses.get(profile)
             if status is not None and status.spec is not None:
@@ -58,7 +67,8 @@ class NewSessions(LiveSessions):
                 policy = self.doors.policy_again(taken, snapshot)
             session = await self._from_snapshot(snapshot, owner, labels if metadata else None)
         else:
-            session = await self._create(owner, profile, labels, template or PYTHON)
+            with self._claim_volumes(owner_key(owner), mounts):
+                session = await self._create(owner, profile, labels, template or PYTHON, mounts)
         changed = False
         if cell_timeout_s is not None and cell_timeout_s > 0:
             session.cell_timeout_s = min(cell_timeout_s, self.limits.cell_timeout_s)
@@ -84,7 +94,13 @@ class NewSessions(LiveSessions):
                 await self._close(session, "lost")
                 raise
         info = session.info()
-        data = {"profile": info.profile, "template": session.template, "metadata": info.metadata}
+        data: dict[str, Any] = {
+            "profile": info.profile,
+            "template": session.template,
+            "metadata": info.metadata,
+        }
+        if info.volumes:
+            data["volumes"] = info.volumes
         self._tell("session.created", session, {**data, "snapshot": snapshot} if snapshot else data)
         return info
 
@@ -94,15 +110,22 @@ class NewSessions(LiveSessions):
         profile: str = "lean",
         metadata: dict[str, str] | None = None,
         template: str = PYTHON,
+        mounts: list[VolumeMount] | None = None,
     ) -> Session:
         pool = await self._pool(profile, template)
         await self._room_for(1)
+        key = owner_key(owner)
         self._creating += 1
         try:
-            kernel = await pool.take()
+            if mounts:  # a pooled sandbox has no volumes: one is started with them
+                kernel = await pool.start_for(self._volume_setup(key, mounts))
+            else:
+                kernel = await pool.take()
         finally:
             self._creating -= 1
-        return self._adopt(kernel, owner_key(owner), profile, metadata=metadata, template=template)
+        return self._adopt(
+            kernel, key, profile, metadata=metadata, template=template, volumes=mounts
+        )
 
     def _adopt(
         self,
@@ -116,9 +139,11 @@ class NewSessions(LiveSessions):
         cell_timeout_s: float | None = None,
         template: str = PYTHON,
         env: Mapping[str, str] | None = None,
+        volumes: Sequence[VolumeMount] | None = None,
     ) -> Session:
         """A new session (new id) on a started kernel, with its record on disk (and the
-        metadata, history, template and environment of the session it copies, if any)."""
+        metadata, history, template, environment and volumes of the session it copies, if
+        any)."""
         session = Session(
             new_session_id(),
             kernel,
@@ -134,6 +159,7 @@ class NewSessions(LiveSessions):
         session.cell_timeout_s = cell_timeout_s
         session.template = template
         session.env = dict(env or {})
+        session.volumes = list(volumes or ())
         session.history = history.copy() if history is not None else self._new_history()
         self._equip(session, kernel)
         self._sessions[session.id] = session
@@ -192,4 +218,5 @@ class NewSessions(LiveSessions):
             paused_for=paused_for,
             template=session.template,
             env=dict(session.env),
+            volumes=[m.to_json() for m in session.volumes],
         )

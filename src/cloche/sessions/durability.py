@@ -30,6 +30,7 @@ from cloche.errors import (
     TooManyPausedSessions,
     TooManySessions,
 )
+from cloche.sandbox.base import SandboxSetup
 from cloche.sandbox.layers import System
 from cloche.sessions.computers import ComputerSessions
 from cloche.sessions.doors import placeholders_of
@@ -39,6 +40,7 @@ from cloche.sessions.kernel import KernelClient
 from cloche.sessions.profiles import PYTHON
 from cloche.sessions.session import Session, SessionInfo, SessionState
 from cloche.sessions.store import RecordState, SessionRecord
+from cloche.volumes.paths import VolumeMount
 
 if TYPE_CHECKING:
     pass
@@ -69,6 +71,7 @@ class DurableSessions(ComputerSessions):
         session.cell_timeout_s = record.cell_timeout_s
         session.template = record.template
         session.env = dict(record.env)
+        session.volumes = [VolumeMount(**v) for v in record.volumes]
         session.history = History.load(self.store.session_dir(record.id), self.config.history_cells)
         return session
 
@@ -118,7 +121,8 @@ class DurableSessions(ComputerSessions):
                 disk = Path(scratch) / "disk.tar"
                 await asyncio.to_thread(pack_disk, kernel.sandbox.disk, disk)
                 await kernel.close(why=f"session {session_id} was restarted")
-                fresh.append(await pool.start_on(disk))
+                setup = self._volume_setup(session.owner_key, session.volumes)
+                fresh.append(await pool.start_on(disk, setup))
             session.attach(fresh[0])
             session.execution_count = 0
             if session.env:
@@ -226,6 +230,7 @@ class DurableSessions(ComputerSessions):
                 limits=limits,
                 runtime=runtime,
                 system=system,
+                setup=self._volume_setup(session.owner_key, session.volumes),
             )
         except RestoreRefused as exc:
             self.observer.resume_failed()
@@ -263,10 +268,15 @@ class DurableSessions(ComputerSessions):
         self.store.save(self._record(session, RecordState.LOST))
 
     async def _restore(
-        self, home: Path, origin: str, profile: str, template: str = PYTHON
+        self,
+        home: Path,
+        origin: str,
+        profile: str,
+        template: str = PYTHON,
+        setup: SandboxSetup | None = None,
     ) -> KernelClient:
         """A kernel of profile and template restored (reseeded) from an image, counted as
-        being created."""
+        being created (its sandbox set up first: its volumes bound)."""
         self._creating += 1
         try:
             limits, runtime, system = await self._setup_of(profile, template)
@@ -278,6 +288,7 @@ class DurableSessions(ComputerSessions):
                     limits=limits,
                     runtime=runtime,
                     system=system,
+                    setup=setup,
                 )
         finally:
             self._creating -= 1

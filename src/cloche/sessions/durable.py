@@ -20,7 +20,7 @@ from pathlib import Path
 from cloche.config import Limits
 from cloche.errors import CheckpointFailed, RestoreRefused, SandboxStartError, StorageFull
 from cloche.sandbox import archive
-from cloche.sandbox.base import Backend
+from cloche.sandbox.base import Backend, SandboxSetup
 from cloche.sandbox.layers import SCRATCH_PREFIX, System
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.store import IMAGE, WORKDIR_ARCHIVE, Store
@@ -107,9 +107,10 @@ class Checkpoints:
         limits: Limits | None = None,
         runtime: Path | None = None,
         system: System | None = None,
+        setup: SandboxSetup | None = None,
     ) -> KernelClient:
         """A started kernel from the image in home, with a profile's limits and runtime,
-        and its template's system.
+        and its template's system; setup is done to its sandbox first (volumes bound).
 
         Raises:
             RestoreRefused: the image was made elsewhere, is damaged, or did not start.
@@ -125,7 +126,7 @@ class Checkpoints:
         limits = limits or self.limits
         for attempt in range(1, RESTORE_TRIES + 1):
             try:
-                return await self._restore_once(home, reseed, limits, runtime, system)
+                return await self._restore_once(home, reseed, limits, runtime, system, setup)
             except SandboxStartError as exc:
                 if attempt == RESTORE_TRIES:
                     raise RestoreRefused(f"the image could not be restored: {exc}") from exc
@@ -141,11 +142,14 @@ class Checkpoints:
         limits: Limits,
         runtime: Path | None,
         system: System | None,
+        setup: SandboxSetup | None = None,
     ) -> KernelClient:
         """One try of `restore`. Raises SandboxStartError."""
         sandbox = self.backend.create(limits, system)
         if runtime is not None:
             sandbox.use_runtime(runtime)
+        if setup is not None:
+            await setup(sandbox)
         sandbox.urgent = True
         sandbox.restore_from = home / IMAGE
         sandbox.seed = home / WORKDIR_ARCHIVE

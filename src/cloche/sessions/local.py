@@ -2,10 +2,10 @@
 server left in the data directory to pausing every live session at shutdown (or, on a
 cluster node declared dead, abandoning them all).
 
-Its verbs come in layers, one module each: live sessions (`sessions.core`), making them
-(`sessions.creation`), what they do (`sessions.running`), saving them
-(`sessions.durability`), copying them (`sessions.copies`), moving them to other nodes
-(`sessions.moving`).
+Its verbs come in layers, one module each: live sessions (`sessions.core`), the volumes
+they mount (`sessions.mounts`), making them (`sessions.creation`), what they do
+(`sessions.running`), saving them (`sessions.durability`), copying them
+(`sessions.copies`), moving them to other nodes (`sessions.moving`).
 """
 
 from __future__ import annotations
@@ -79,7 +79,11 @@ class LocalSessionManager(MovableSessions):
             await asyncio.to_thread(self.store.open)
             crashed, resumable = await asyncio.to_thread(self._load)
             await self.template_catalog.open()  # once the data dir is ours (its lock)
+            # After the backend's start: the sandboxes a crashed server left are gone, so
+            # its volumes' mounts can go too.
+            await asyncio.to_thread(self.volume_store.open)
         except BaseException:
+            await asyncio.to_thread(self.volume_store.close)
             await asyncio.to_thread(self.backend.shutdown)
             raise
         for record in crashed:  # told now, on the loop: they ended with the last server
@@ -215,4 +219,5 @@ class LocalSessionManager(MovableSessions):
         await self.command_runs.stop()
         await self.doors.close_all()
         await asyncio.to_thread(self.backend.shutdown)
+        await asyncio.to_thread(self.volume_store.close)  # their sandboxes are gone
         self.store.close()

@@ -3,6 +3,7 @@
 `SessionManager` is abstract so that sessions can live elsewhere (restored from
 checkpoints, spread over machines). The manager of one machine is built in layers, one
 module each: `sessions.core` (live sessions: find, list, close, expire),
+`sessions.mounts` (volumes, and mounting them into sessions' sandboxes),
 `sessions.creation` (making one), `sessions.running` (cells, history, packages, files),
 `sessions.durability` (pause, resume, restart), `sessions.copies` (snapshots, forks),
 `sessions.moving` (the verbs a cluster moves sessions with) and `sessions.local`
@@ -40,6 +41,7 @@ from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo
 from cloche.sessions.store import SnapshotRecord
 from cloche.sessions.templates import BUILT_IN, python_template
+from cloche.sessions.volumes import VolumeVerbs
 
 __all__ = ["EgressAsk", "InstalledPackages", "SessionManager", "new_session_id"]
 
@@ -139,7 +141,7 @@ def matches(
     return all(info.metadata.get(k) == v for k, v in (metadata or {}).items())
 
 
-class SessionManager(ProcessVerbs, FileVerbs, PortVerbs, abc.ABC):
+class SessionManager(ProcessVerbs, FileVerbs, PortVerbs, VolumeVerbs, abc.ABC):
     """Creates, finds, runs, expires and closes sessions."""
 
     @abc.abstractmethod
@@ -153,6 +155,7 @@ class SessionManager(ProcessVerbs, FileVerbs, PortVerbs, abc.ABC):
         cell_timeout_s: float | None = None,
         template: str | None = None,
         env: Mapping[str, str] | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
     ) -> SessionInfo:
         """A new session of a profile (`lean` or `data`) and template (`python` unless
         named: a template's sessions are lean), from its warm pool when it can;
@@ -161,7 +164,9 @@ class SessionManager(ProcessVerbs, FileVerbs, PortVerbs, abc.ABC):
         asked gets the server's `default` policy, if it has one. `metadata` labels it
         (string keys and values, `check_metadata`'s limits). `cell_timeout_s` is the time
         limit of its cells that ask for none (capped by --cell-timeout), kept with it.
-        `env` is set in its kernel's environment and given to its commands.
+        `env` is set in its kernel's environment and given to its commands. `volumes`
+        are the owner's volumes it mounts, each {"name", "path"?, "read_only"?}; a
+        session restored from a snapshot mounts the snapshot's.
 
         Raises:
             InvalidMetadata: metadata of the wrong shape or too large.
@@ -173,6 +178,8 @@ class SessionManager(ProcessVerbs, FileVerbs, PortVerbs, abc.ABC):
             SandboxStartError: no sandbox could be started.
             SnapshotNotFound: unknown snapshot, or another owner's.
             RestoreRefused: the snapshot's image can't be restored here.
+            VolumeRefused: a bad volume name or path.
+            VolumeNotFound: the owner has no volume of a name asked (or the snapshot's).
         """
 
     @abc.abstractmethod

@@ -27,7 +27,8 @@ class Observer:
         Args:
             kind: `session.created`, `session.paused`, `session.resumed`, `session.forked`,
                 `session.snapshotted`, `session.closed`, `cell.started`, `cell.finished`,
-                `quota.exceeded`, `node.up`, `node.draining`, `node.dead`.
+                `quota.exceeded`, `node.up`, `node.draining`, `node.dead`, `volume.created`,
+                `volume.deleted`.
             session_id: the session it is about, if any.
             owner_key: the hash of the owner's token (`sessions.session.owner_key`), if any.
             data: JSON-ready details (e.g. `end_reason`, `execution_count`, `profile`).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cloche.config import Limits
 from cloche.errors import SandboxStartError
-from cloche.sandbox.base import Backend, ExitStep
+from cloche.sandbox.base import Backend, ExitStep, SandboxSetup
 from cloche.sessions.durable import pack_disk
 from cloche.sessions.kernel import KernelClient
 from cloche.sessions.profiles import Profile
@@ -198,20 +198,44 @@ class WarmPool:
             f"no sandbox could be started after {START_ATTEMPTS} attempts: {error}"
         ) from error
 
-    async def start_on(self, disk: Path) -> KernelClient:
+    async def start_on(self, disk: Path, setup: SandboxSetup | None = None) -> KernelClient:
         """A kernel of the profile started afresh, at once (not from the pool), on a saved
-        disk (a restarted session's files, packages and system layer).
+        disk (a restarted session's files, packages and system layer); its sandbox set up
+        by setup first (its volumes bound).
 
         Raises:
             SandboxStartError: it did not start.
         """
-        return await self._start(True, seed=disk)
+        return await self._start(True, seed=disk, setup=setup)
+
+    async def start_for(self, setup: SandboxSetup | None) -> KernelClient:
+        """A kernel of the profile at once, not from the pool, its sandbox set up by setup
+        first (a new session's volumes bound): the profile's image restored into it when
+        the pool restores one (runsc takes mounts its checkpoint did not have), else
+        started afresh.
+
+        Raises:
+            SandboxStartError: it did not start.
+        """
+        image = await self._checkpoint_image() if self.profile.restored else None
+        if image is not None:
+            try:
+                return await self._start(True, image, setup=setup)
+            except SandboxStartError as exc:
+                log.warning(
+                    "restoring the %s template failed, starting afresh: %s", self.profile.name, exc
+                )
+        return await self._start(True, setup=setup)
 
     async def _start(
-        self, urgent: bool, image: Path | None = None, seed: Path | None = None
+        self,
+        urgent: bool,
+        image: Path | None = None,
+        seed: Path | None = None,
+        setup: SandboxSetup | None = None,
     ) -> KernelClient:
         """A started kernel of the profile: restored from image, or started and preloaded
-        (on the disk saved in seed, if given).
+        (on the disk saved in seed, if given); setup done to its sandbox first.
 
         Raises:
             SandboxStartError: it did not start.
@@ -219,6 +243,8 @@ class WarmPool:
         sandbox = self.backend.create(self.limits, self.profile.system)
         if self.profile.runtime_dir is not None:  # a profile from --profiles: its own runtime
             sandbox.use_runtime(self.profile.runtime_dir)
+        if setup is not None:
+            await setup(sandbox)
         sandbox.urgent = urgent
         sandbox.restore_from = image
         sandbox.seed = seed

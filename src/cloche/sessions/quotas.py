@@ -6,7 +6,8 @@ front end (HTTP, Terrarium, MCP, the Jupyter gateway, TCP) the same rules, by ow
 - `max_live_sessions`: a creation, a fork's copies, or the resume of a paused session
   (asked for, or brought back by a cell) waits for room; `max_paused_sessions`: a pause
   asked for does; `max_snapshot_bytes`: a snapshot does, and one that lands over the quota
-  is deleted again. Room is waited for up to `wait_s` (--quota-wait): a close, a pause, a
+  is deleted again; `max_volume_bytes`: a volume's creation does (its size counts from
+  the start). Room is waited for up to `wait_s` (--quota-wait): a close, a pause, a
   resume or a deletion of the owner's, seen here or told by `changed` (the server's event
   bus), wakes the waiters; they look again every `RECHECK_S` for what nobody tells (a
   session that expired on a cluster's node). Then `QuotaExceeded`.
@@ -39,6 +40,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from cloche.config import MIB
 from cloche.errors import QuotaExceeded, SessionBusy, SnapshotNotFound
 from cloche.sandbox.images import TemplateInfo
 from cloche.sandbox.listing import FileListing
@@ -50,11 +52,13 @@ from cloche.sessions.ports import ForwardedPortVerbs
 from cloche.sessions.result import CellResult
 from cloche.sessions.session import SessionInfo, SessionState, owner_key
 from cloche.sessions.store import SnapshotRecord
+from cloche.sessions.volumes import ForwardedVolumeVerbs, VolumeInfo
 
 LIVE = "max_live_sessions"
 PAUSED = "max_paused_sessions"
 CELLS = "max_running_cells"
 SNAPSHOT_BYTES = "max_snapshot_bytes"
+VOLUME_BYTES = "max_volume_bytes"
 _T = TypeVar("_T")
 RECHECK_S = 0.5  # a waiting request looks again this often, for changes nobody tells
 _LIVE_STATES = frozenset({SessionState.IDLE, SessionState.BUSY})
@@ -62,6 +66,7 @@ _MAKES_ROOM = {
     LIVE: "close or pause one of its sessions",
     PAUSED: "close or resume one of its paused sessions",
     SNAPSHOT_BYTES: "delete one of its snapshots",
+    VOLUME_BYTES: "delete one of its volumes",
 }
 
 
@@ -73,6 +78,7 @@ class Quotas:
     max_paused_sessions: int | None = None
     max_running_cells: int | None = None
     max_snapshot_bytes: int | None = None
+    max_volume_bytes: int | None = None  # the sizes of its volumes together
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,13 @@ class _Owner:
     reserved: Counter[str] = field(default_factory=Counter)  # admitted, not yet counted
 
 
-class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, ForwardedPortVerbs, SessionManager):
+class QuotaGate(
+    ForwardedProcessVerbs,
+    ForwardedFileVerbs,
+    ForwardedPortVerbs,
+    ForwardedVolumeVerbs,
+    SessionManager,
+):
     """`inner`, with each owner's `Terms` (`terms_of` its owner key; None: no terms) kept.
 
     Args:
@@ -164,6 +176,8 @@ class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, ForwardedPortVerbs, S
     async def _used(self, owner: str | None, quota: str) -> int:
         if quota == SNAPSHOT_BYTES:
             return sum(record.size_bytes for record in await self.inner.snapshots(owner))
+        if quota == VOLUME_BYTES:
+            return sum(v.size_mib * MIB for v in await self.inner.volumes(owner))
         states = _LIVE_STATES if quota == LIVE else frozenset({SessionState.PAUSED})
         return sum(1 for info in await self.inner.sessions(owner) if info.state in states)
 
@@ -259,7 +273,9 @@ class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, ForwardedPortVerbs, S
     def _exceeded(
         self, terms: Terms, quota: str, limit: int, used: int, asked: int
     ) -> QuotaExceeded:
-        what = "bytes of snapshots" if quota == SNAPSHOT_BYTES else "of them"
+        what = {SNAPSHOT_BYTES: "bytes of snapshots", VOLUME_BYTES: "bytes of volumes"}.get(
+            quota, "of them"
+        )
         if asked > limit and quota != SNAPSHOT_BYTES:
             why = f"this asks for {asked}, more than the quota allows at all"
         else:
@@ -354,6 +370,16 @@ class QuotaGate(ForwardedProcessVerbs, ForwardedFileVerbs, ForwardedPortVerbs, S
                 retry_after_s=float(max(1, math.ceil(self.wait_s))),
             )
         return record
+
+    async def create_volume(
+        self, name: str, size_mib: int, owner: str | None = None, **more: Any
+    ) -> VolumeInfo:
+        asked = size_mib * MIB if isinstance(size_mib, int) else 0  # a bad one: inner says
+        async with self._room(owner, VOLUME_BYTES, asked):
+            return await self.inner.create_volume(name, size_mib, owner, **more)
+
+    async def delete_volume(self, name: str, owner: str | None = None, **more: Any) -> None:
+        await self._changes(owner, self.inner.delete_volume(name, owner, **more))
 
     async def execute(
         self, session_id: str, code: str, *, owner: str | None = None, **more: Any

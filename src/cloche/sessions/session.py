@@ -22,6 +22,7 @@ from cloche.sessions.gate import CellGate
 from cloche.sessions.history import DEFAULT_HISTORY_CELLS, History
 from cloche.sessions.kernel import EventCallback, KernelClient
 from cloche.sessions.result import CellResult, CellStatus
+from cloche.volumes.paths import VolumeMount
 
 if TYPE_CHECKING:
     from cloche.network.egress.policy import Policy
@@ -74,6 +75,7 @@ class SessionInfo:
     cpu_s: float | None = None
     memory_bytes: int | None = None
     last_cell: dict[str, Any] | None = None  # {number, end_reason, ended_at} of its last cell
+    volumes: list[dict[str, Any]] = field(default_factory=list)  # {name, path, read_only} each
 
 
 class Session:
@@ -102,6 +104,7 @@ class Session:
         self.profile = profile
         self.template = "python"  # the template its system is made of
         self.env: dict[str, str] = {}  # asked at its creation: its commands get it too
+        self.volumes: list[VolumeMount] = []  # what it mounts, again in every sandbox it runs on
         self.in_use = 0  # commands and terminals being watched: it is not idle meanwhile
         self.owner_key = owner_key
         self.kernel: KernelClient | None = None
@@ -165,6 +168,7 @@ class Session:
             last_cell=_last_cell(self.history),
             cpu_s=sandbox.cpu_seconds() if sandbox is not None else None,
             memory_bytes=sandbox.memory_bytes() if sandbox is not None else None,
+            volumes=[m.to_json() for m in self.volumes],
         )
 
     @property

@@ -58,6 +58,7 @@ class SessionRecord:
     paused_for: str = ""  # why it was paused (request, idle, room, shutdown, move)
     template: str = "python"  # the template its system is made of
     env: dict[str, str] = field(default_factory=dict)  # asked at its creation, for its commands
+    volumes: list[dict[str, Any]] = field(default_factory=list)  # {name, path, read_only} each
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class SnapshotRecord:
     metadata: dict[str, str] = field(default_factory=dict)  # the session's, when taken
     template: str = "python"  # the template its system is made of
     env: dict[str, str] = field(default_factory=dict)  # the session's, for its commands
+    volumes: list[dict[str, Any]] = field(default_factory=list)  # mounted again, not held
 
 
 def _load(path: Path, kind: type[Any]) -> Any:

@@ -33,6 +33,7 @@ from cloche.server.http import (
     templates,
     terminals,
     terrarium,
+    volumes,
 )
 from cloche.server.http.limits import BodyLimit
 from cloche.server.http.port_routes import HostRoutes, PortRoutes
@@ -89,6 +90,7 @@ def create_app(
     app.include_router(packages.router)
     app.include_router(profiles.router)
     app.include_router(templates.router)
+    app.include_router(volumes.router)
     app.include_router(chat.router)
     app.include_router(cluster.router)
     app.include_router(events.router)
@@ -117,6 +119,7 @@ def create_app(
             (sessions.UPLOAD_PATH, config.limits.disk_mib * MIB),
             (templates.UPLOAD_PATH, config.template_max_mib * MIB),
             (E2B_FILES_PATH, config.limits.disk_mib * MIB),
+            (volumes.UPLOAD_PATH, config.volume_max_mib * MIB),
         ],
     )
     # Outermost (added last): port routes are served before the API's limits and routes.

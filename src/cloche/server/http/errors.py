@@ -49,6 +49,12 @@ from cloche.errors import (
     TooManySessions,
     Unauthorized,
     UnknownProfile,
+    VolumeError,
+    VolumeExists,
+    VolumeFull,
+    VolumeInUse,
+    VolumeNotFound,
+    VolumeRefused,
 )
 from cloche.server.jsonbody import JSONBody, json_bytes
 
@@ -92,6 +98,12 @@ _STATUS: tuple[tuple[type[ClocheError], int, str], ...] = (
     (TemplateFailed, 409, "template_failed"),
     (TemplateInUse, 409, "template_in_use"),
     (TemplateRefused, 400, "template_refused"),
+    (VolumeNotFound, 404, "not_found"),
+    (VolumeExists, 409, "volume_exists"),
+    (VolumeInUse, 409, "volume_in_use"),
+    (VolumeRefused, 400, "volume_refused"),
+    (VolumeFull, 507, "volume_full"),
+    (VolumeError, 503, "volume_error"),
 )
 
 

@@ -58,6 +58,18 @@ class EgressAsk(BaseModel):
     )
 
 
+class VolumeMountIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=64, description="One of your volumes (GET /v1/volumes)")
+    path: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Where it appears inside, absolute (default /mnt/{name}); not in /proc, "
+        "/dev or /sys",
+    )
+    read_only: bool = Field(default=False, strict=True, description="Writes inside fail with EROFS")
+
+
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     profile: str = Field(
@@ -95,6 +107,11 @@ class SessionCreate(BaseModel):
         default=None,
         description="Restore this snapshot (its variables, imports, files) into the new "
         "session; its profile is the snapshot's",
+    )
+    volumes: list[VolumeMountIn] = Field(
+        default_factory=list,
+        description="Your volumes it mounts (shared with other sessions that mount them, "
+        "never saved with its snapshots); a snapshot's session mounts the snapshot's",
     )
     egress: str | EgressAsk | None = Field(
         default=None,
@@ -183,6 +200,7 @@ class SessionOut(BaseModel):
     memory_bytes: int | None = Field(
         default=None, description="Memory its sandbox holds now (in listings)"
     )
+    volumes: list[VolumeMountIn] = Field(default_factory=list, description="What it mounts")
     limits: SessionLimits
 
 

@@ -74,6 +74,7 @@ def _session_out(info: SessionInfo, limits: Limits, timeout_s: float) -> dict[st
         "queued_cells": info.queued_cells,
         "cpu_s": info.cpu_s,
         "memory_bytes": info.memory_bytes,
+        "volumes": info.volumes,
         "limits": {
             "cell_timeout_s": timeout_s,
             "memory_mib": limits.memory_mib,
@@ -120,6 +121,7 @@ async def create_session(
         cell_timeout_s=body.timeout,
         template=body.template,
         env=body.env,
+        volumes=[v.model_dump() for v in body.volumes] or None,
     )
     try:
         await manager.write_files(info.id, inputs, owner)

@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from cloche.client.execution import Cell, Execution, cell_from_json, execution_from_json
 from cloche.client.info import SessionInfo, SnapshotInfo
 from cloche.client.ports import PreviewURL
 from cloche.client.process import CommandResult
+from cloche.client.volumes import mounts
 from cloche.config import Limits
 from cloche.errors import NotSupported, SessionNotFound
 from cloche.server.http.results import execute_body
 from cloche.server.http.sessions import _session_out
 from cloche.server.http.snapshots import _snapshot_out
+from cloche.server.mcp.volume_tools import ManagerVolumes
 from cloche.sessions import session as sessions
 from cloche.sessions.commands import CommandSpec
 from cloche.sessions.manager import SessionManager
@@ -30,8 +33,8 @@ from cloche.sessions.manager import SessionManager
 PreviewMaker = Callable[[str, int, str | None, int], Awaitable[tuple[str, str]]]
 
 
-class ManagerClient:
-    """One caller's sessions, reached through the manager (a `ToolClient`)."""
+class ManagerClient(ManagerVolumes):
+    """One caller's sessions and volumes, reached through the manager (a `ToolClient`)."""
 
     def __init__(
         self,
@@ -63,7 +66,9 @@ class ManagerClient:
         egress: str | None = None,
         metadata: Mapping[str, str] | None = None,
         template: str | None = None,
+        volumes: Sequence[str | Mapping[str, Any]] = (),
     ) -> ManagerSession:
+        more: dict[str, Any] = {"volumes": mounts(volumes)} if volumes else {}
         info = await self.manager.create(
             self.owner,
             profile=profile,
@@ -71,6 +76,7 @@ class ManagerClient:
             egress=egress,
             metadata=metadata,
             template=template,
+            **more,
         )
         return ManagerSession(self, self.describe(info))
 

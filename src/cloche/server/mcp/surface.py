@@ -8,12 +8,13 @@ other, over the server's own session manager (/mcp inside the server).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from cloche.client.execution import Cell, Execution
-from cloche.client.info import SessionInfo, SnapshotInfo
+from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
 from cloche.client.ports import PreviewURL
 from cloche.client.process import CommandResult
+from cloche.client.volumes import VolumeInfo
 
 
 class ToolCommands(Protocol):
@@ -91,6 +92,7 @@ class ToolClient(Protocol):
         egress: str | None = None,
         metadata: Mapping[str, str] | None = None,
         template: str | None = None,
+        volumes: Sequence[str | Mapping[str, Any]] = (),
     ) -> ToolSession: ...
 
     async def session(self, session_id: str) -> ToolSession:
@@ -106,3 +108,17 @@ class ToolClient(Protocol):
         """Those in a state, of a profile, carrying every pair of metadata given."""
 
     async def close_session(self, session_id: str) -> None: ...
+
+    # -- volumes (`volume_tools.py`) -------------------------------------------------------
+
+    async def create_volume(self, name: str, size_mib: int) -> VolumeInfo: ...
+
+    async def volumes(self) -> Sequence[VolumeInfo]: ...
+
+    async def delete_volume(self, name: str) -> None: ...
+
+    async def volume_files(self, name: str) -> Sequence[FileInfo]: ...
+
+    async def upload_to_volume(self, name: str, path: str, data: bytes | str) -> None: ...
+
+    async def download_from_volume(self, name: str, path: str) -> bytes: ...

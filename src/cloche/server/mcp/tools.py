@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from cloche import __version__
 from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
@@ -34,6 +34,7 @@ from cloche.server.mcp.content import (
     history_result,
 )
 from cloche.server.mcp.surface import ToolClient, ToolSession
+from cloche.server.mcp.volume_tools import add_volume_tools
 
 log = logging.getLogger("cloche.mcp")
 
@@ -43,7 +44,8 @@ INSTRUCTIONS = (
     "command in the same session (its files, its machine). Pass session_id to use a "
     "session made with create_session instead. Use upload_file / download_file to move "
     "files in and out of a session's working directory, and session_history to see the "
-    "cells a session ran."
+    "cells a session ran. Volumes (create_volume) keep files between sessions: mount them "
+    "with create_session(volumes=[...])."
 )
 RUN_COMMAND_DESCRIPTION = (
     "Run a shell command in a sandboxed session (a gVisor sandbox with no network), beside "
@@ -55,6 +57,18 @@ RUN_COMMAND_DESCRIPTION = (
 SESSION_ID_DESCRIPTION = (
     "A session made with create_session; leave it out to use this connection's own session"
 )
+VOLUMES = (
+    "Volumes of yours it mounts (see create_volume): each a name, mounted at /mnt/NAME, or "
+    "{name, path, read_only}"
+)
+
+
+class VolumeMount(BaseModel):
+    name: str = Field(max_length=64)
+    path: str | None = Field(default=None, description="Absolute; default /mnt/NAME")
+    read_only: bool = False
+
+
 METADATA_DESCRIPTION = (
     "Labels of your choosing (string keys and values, at most 32 pairs), to find the "
     "session by with list_sessions"
@@ -258,10 +272,16 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 max_length=32,
             ),
         ] = None,
+        volumes: Annotated[list[str | VolumeMount] | None, Field(description=VOLUMES)] = None,
     ) -> CallToolResult:
         with _as_tool_errors():
             session = await scope.client(ctx).create_session(
-                profile, snapshot=snapshot, egress=egress, metadata=metadata, template=template
+                profile,
+                snapshot=snapshot,
+                egress=egress,
+                metadata=metadata,
+                template=template,
+                volumes=[v if isinstance(v, str) else v.model_dump() for v in volumes or ()],
             )
         profile, made_of = session.info.profile, session.info.template  # a snapshot's own
         return CallToolResult(
@@ -278,6 +298,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 "profile": profile,
                 "template": made_of,
                 "metadata": session.info.metadata,
+                "volumes": session.info.volumes,
             },
         )
 
@@ -476,4 +497,5 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
                 data = await session.download(path)
         return CallToolResult(content=file_content(path, data))
 
+    add_volume_tools(server, scope)
     return server
