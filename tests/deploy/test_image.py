@@ -25,11 +25,15 @@ HOST_CGROUPNS = ("--cgroupns", "host") if V2 else ()
 # Processes that together hold far more than a backstop of --memory-mib 256 (+ /tmp + 128
 # MiB), each under its RLIMIT_AS: the memory cgroup's OOM killer ends the sandbox.
 MEMORY_HOG = (
-    "import os, time\n"
+    "import os, resource, time\n"
+    "limit = resource.getrlimit(resource.RLIMIT_AS)[0]\n"
+    "status = open('/proc/self/status').read()\n"
+    "size = int(status.split('VmSize:')[1].split()[0]) * 1024\n"
+    "block = limit - size - 32 * 1024**2  # what a child may take under its rlimit\n"
     "for _ in range(12):\n"
     "    if os.fork() == 0:\n"
     "        try:\n"
-    "            block = bytearray(150 * 1024**2)\n"
+    "            block = bytearray(block)\n"
     "            for i in range(0, len(block), 4096): block[i] = 1\n"
     "        except MemoryError: pass\n"
     "        time.sleep(30); os._exit(0)\n"

@@ -66,11 +66,15 @@ def test_memory_bomb_across_processes_kills_only_its_own_sandbox(attacker, witne
     """Many processes, each filling memory just under the rlimit, together past the cgroup.
     Outcome: the cgroup backstop kills that sandbox only; the client hears 'killed'."""
     code = (
-        "import os, time\n"
+        "import os, resource, time\n"
+        "limit = resource.getrlimit(resource.RLIMIT_AS)[0]\n"
+        "status = open('/proc/self/status').read()\n"
+        "size = int(status.split('VmSize:')[1].split()[0]) * 1024\n"
+        "block = limit - size - 32 * 1024**2  # what a child may take under its rlimit\n"
         "for _ in range(12):\n"
         "    if os.fork() == 0:\n"
         "        try:\n"
-        "            block = bytearray(400 * 1024**2)\n"
+        "            block = bytearray(block)\n"
         "            for i in range(0, len(block), 4096): block[i] = 1\n"
         "        except MemoryError: pass\n"
         "        time.sleep(30); os._exit(0)\n"

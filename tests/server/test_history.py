@@ -243,11 +243,15 @@ def test_the_memory_cgroups_oom_kill_is_told_apart_from_a_sandbox_killed_outside
     died_before = metric(strict, "cloche_session_ends_total", end_reason="sandbox_died")
     hog = new_session(strict)
     code = (
-        "import os, time\n"
+        "import os, resource, time\n"
+        "limit = resource.getrlimit(resource.RLIMIT_AS)[0]\n"
+        "status = open('/proc/self/status').read()\n"
+        "size = int(status.split('VmSize:')[1].split()[0]) * 1024\n"
+        "block = limit - size - 32 * 1024**2  # what a child may take under its rlimit\n"
         "for _ in range(12):\n"
         "    if os.fork() == 0:\n"
         "        try:\n"
-        "            block = bytearray(150 * 1024**2)\n"
+        "            block = bytearray(block)\n"
         "            for i in range(0, len(block), 4096): block[i] = 1\n"
         "        except MemoryError: pass\n"
         "        time.sleep(30); os._exit(0)\n"
