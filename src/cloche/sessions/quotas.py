@@ -29,24 +29,20 @@ import contextlib
 import math
 from collections import Counter
 from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
     AsyncIterator,
     Awaitable,
     Callable,
     Mapping,
-    Sequence,
 )
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cloche.config import MIB
 from cloche.errors import QuotaExceeded, SessionBusy, SnapshotNotFound
-from cloche.sandbox.images import TemplateInfo
-from cloche.sandbox.listing import FileListing
 from cloche.sessions.commands import ForwardedProcessVerbs
 from cloche.sessions.filesystem import ForwardedFileVerbs
-from cloche.sessions.manager import EgressAsk, InstalledPackages, SessionManager
+from cloche.sessions.forwarding import ForwardedSessionVerbs
+from cloche.sessions.manager import EgressAsk, SessionManager
 from cloche.sessions.observer import Observer
 from cloche.sessions.ports import ForwardedPortVerbs
 from cloche.sessions.result import CellResult
@@ -116,6 +112,7 @@ class _Owner:
 
 
 class QuotaGate(
+    ForwardedSessionVerbs,
     ForwardedProcessVerbs,
     ForwardedFileVerbs,
     ForwardedPortVerbs,
@@ -424,99 +421,6 @@ class QuotaGate(
             return await step
         finally:
             self.changed(owner_key(owner))
-
-    # -- the rest, passed on as they are ------------------------------------------------
-
-    async def info(self, *args: Any, **kwargs: Any) -> SessionInfo:
-        return await self.inner.info(*args, **kwargs)
-
-    async def sessions(self, *args: Any, **kwargs: Any) -> builtins.list[SessionInfo]:
-        return await self.inner.sessions(*args, **kwargs)
-
-    async def set_metadata(self, *args: Any, **kwargs: Any) -> SessionInfo:
-        return await self.inner.set_metadata(*args, **kwargs)
-
-    async def history(self, *args: Any, **kwargs: Any) -> Any:
-        return await self.inner.history(*args, **kwargs)
-
-    async def cell(self, *args: Any, **kwargs: Any) -> Any:
-        return await self.inner.cell(*args, **kwargs)
-
-    async def snapshots(self, *args: Any, **kwargs: Any) -> builtins.list[SnapshotRecord]:
-        return await self.inner.snapshots(*args, **kwargs)
-
-    async def get_snapshot(self, *args: Any, **kwargs: Any) -> SnapshotRecord:
-        return await self.inner.get_snapshot(*args, **kwargs)
-
-    async def list_files(self, *args: Any, **kwargs: Any) -> FileListing:
-        return await self.inner.list_files(*args, **kwargs)
-
-    async def read_file(self, *args: Any, **kwargs: Any) -> bytes:
-        return await self.inner.read_file(*args, **kwargs)
-
-    async def read_stream(
-        self, *args: Any, **kwargs: Any
-    ) -> tuple[int, AsyncGenerator[bytes, None]]:
-        return await self.inner.read_stream(*args, **kwargs)
-
-    async def write_files(
-        self, session_id: str, files: Sequence[tuple[str, bytes]], *args: Any, **kwargs: Any
-    ) -> None:
-        await self.inner.write_files(session_id, files, *args, **kwargs)
-
-    async def write_stream(
-        self, session_id: str, path: str, chunks: AsyncIterable[bytes], *args: Any, **kwargs: Any
-    ) -> int:
-        return await self.inner.write_stream(session_id, path, chunks, *args, **kwargs)
-
-    async def install_packages(self, *args: Any, **kwargs: Any) -> InstalledPackages:
-        return await self.inner.install_packages(*args, **kwargs)
-
-    async def templates(self) -> list[TemplateInfo]:
-        return await self.inner.templates()
-
-    async def template(self, name: str) -> TemplateInfo:
-        return await self.inner.template(name)
-
-    async def build_template(self, *args: Any, **kwargs: Any) -> TemplateInfo:
-        return await self.inner.build_template(*args, **kwargs)
-
-    async def delete_template(self, name: str) -> None:
-        await self.inner.delete_template(name)
-
-    async def interrupt(self, *args: Any, **kwargs: Any) -> bool:
-        return await self.inner.interrupt(*args, **kwargs)
-
-    async def restart(self, *args: Any, **kwargs: Any) -> SessionInfo:
-        return await self.inner.restart(*args, **kwargs)
-
-    async def answer_input(self, *args: Any, **kwargs: Any) -> bool:
-        return await self.inner.answer_input(*args, **kwargs)
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def stop(self) -> None:
-        await self.inner.stop()
-
-    @property
-    def healthy(self) -> bool:
-        return self.inner.healthy
-
-    async def wait_ready(self, *args: Any, **kwargs: Any) -> None:
-        await self.inner.wait_ready(*args, **kwargs)
-
-    async def node_metrics(self) -> dict[str, str]:
-        return await self.inner.node_metrics()
-
-    def cluster_view(self) -> dict[str, Any] | None:
-        return self.inner.cluster_view()
-
-    async def drain(self, node_id: str, grace_s: float | None = None) -> dict[str, Any]:
-        return await self.inner.drain(node_id, grace_s)
-
-    async def undrain(self, node_id: str) -> dict[str, Any]:
-        return await self.inner.undrain(node_id)
 
     def __getattr__(self, name: str) -> Any:
         """What the inner manager has beyond the interface (its profiles, say)."""
