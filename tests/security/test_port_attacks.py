@@ -302,7 +302,9 @@ def test_an_app_that_answers_twice_poisons_no_later_request(sessions, b_untouche
 
 
 def test_a_port_of_another_tenants_session_is_404_however_asked(sessions, b_untouched):
-    """Alice's token on B's port routes: path, host, websocket, listing, a preview URL."""
+    """Alice's token on B's port routes: path, host, websocket, listing, a preview URL.
+    Outcome: 404 each way, as for a session that does not exist; the websocket upgrade is
+    refused before any connection to B's app."""
     alice, b, server = sessions["alice"], sessions["b"], sessions["server"]
     assert alice.get(f"/v1/sessions/{b}/ports/8000/x").status_code == 404
     assert alice.get("/x", headers={"Host": f"8000-{b}.{DOMAIN}"}).status_code == 404
