@@ -191,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             str(base / "templates"),
             "--cell-timeout",
             "300",
+            # Cells keep their turn: the floors timed inside a cell (forks, spawns, a pty's
+            # echo) measure gVisor, not a long cell put behind the host's processes.
+            "--cell-slice",
+            "3600",
         ) as server:
             api = Api(server)
             build_template(api, tarball)

@@ -81,9 +81,33 @@ def test_exit_codes_and_streams_apart(http, session):
     assert where["stdout"] == "user\n/home/user\n/home/user\n"
 
 
-def test_a_command_that_calls_setsid_keeps_its_exit_code_and_output(http, session):
-    done = run(http, session, cmd="setsid sh -c 'echo inside; exit 7'")
+def test_a_command_leads_its_own_session_and_runs_as_the_user_where_asked(http, session):
+    probe = "import os; print(os.getsid(0) == os.getpgid(0) == os.getpid(), os.getcwd())"
+    led = run(http, session, cmd="exec python3 -c " + repr(probe), cwd="/tmp")
+    assert (led["exit_code"], led["stdout"]) == (0, "True /tmp\n")
+    # Its ids are the user's through and through (real, effective and saved), as root's
+    # are root's; the supervisor that started both is root still.
+    ids = "exec python3 -c 'import os; print(os.getresuid(), os.getresgid())'"
+    assert run(http, session, cmd=ids)["stdout"] == "(1000, 1000, 1000) (1000, 1000, 1000)\n"
+    assert run(http, session, cmd=ids, user="root")["stdout"] == "(0, 0, 0) (0, 0, 0)\n"
+    assert run(http, session, cmd=ids)["stdout"] == "(1000, 1000, 1000) (1000, 1000, 1000)\n"
+    # A command that makes a session of its own waits for it with setsid -w (the setsid
+    # utility forks away from a group it leads), and keeps its exit code and output.
+    done = run(http, session, cmd="setsid -w sh -c 'echo inside; exit 7'")
     assert (done["exit_code"], done["stdout"]) == (7, "inside\n")
+    # Where it can't start (no such program, a directory it may not enter) it says why.
+    missing = run(http, session, cmd="/no/such/program", args=[])
+    assert (missing["exit_code"], missing["stderr"]) == (
+        127,
+        "cloche: cannot run '/no/such/program': No such file or directory\n",
+    )
+    closed = run(http, session, cmd="mkdir -p -m 700 /srv/closed", user="root")
+    assert closed["exit_code"] == 0, closed
+    shut = run(http, session, cmd="true", args=[], cwd="/srv/closed")
+    assert shut["exit_code"] == 126 and "working directory '/srv/closed'" in shut["stderr"]
+    assert run(http, session, cmd="pwd", cwd="/srv/closed", user="root")["stdout"] == (
+        "/srv/closed\n"
+    )
 
 
 def test_output_streams_as_it_happens(http, session):
