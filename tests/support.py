@@ -180,6 +180,11 @@ def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
     # Pools keep their size in tests (what is held at rest is counted); a test of growth
     # asks for it with pool_max.
     overrides.setdefault("pool_max", 0)
+    # Cells stay level with the host's processes: a test's cell that outran the slice on a
+    # loaded machine (a first plot, an import) would otherwise wait behind every process of
+    # the host, for minutes. The tests of that placement start servers of their own with
+    # --cell-slice (tests/server/test_fairness.py) or ask for a slice here.
+    overrides.setdefault("cell_slice_s", NEVER_BEHIND_SLICE_S)
     config = ServerConfig(
         tcp_port=0,
         http_port=0,
