@@ -12,4 +12,4 @@ echo "== mypy" && .venv/bin/mypy
 # sweep of those at the end of a run has failed with an unclosed-scandir warning (an error).
 basetemp=$(mktemp -d /tmp/cloche-pytest-XXXXXX)
 trap 'rm -rf --one-file-system "$basetemp"' EXIT
-echo "== pytest" && .venv/bin/pytest --basetemp="$basetemp" "$@"
+echo "== pytest" && .venv/bin/pytest --basetemp="$basetemp" --durations=30 "$@"
