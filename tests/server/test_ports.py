@@ -203,6 +203,28 @@ def test_ports_reached_before_a_pause_and_a_snapshot_answer_after_them(served):
     alice.delete(f"/v1/snapshots/{snapshot.json()['id']}")
 
 
+def test_a_session_frozen_idle_after_its_ports_were_reached_still_pauses(served):
+    """An idle session's sandbox is frozen (--freeze-idle); its relay, which must end its
+    connections before a checkpoint, can't answer while frozen: the sandbox is thawed
+    first, and the pause (the idle page-out's, the shutdown's) is saved."""
+    alice, a, server = served["alice"], served["a"], served["server"]
+    assert alice.get(f"/v1/sessions/{a}/ports/8000/x").status_code == 200  # the door is open
+    sandbox = server.server.manager._sessions[a].kernel.sandbox
+
+    async def freeze() -> bool:  # as the idle timer does, on the server's loop
+        frozen: bool = sandbox.freeze()
+        return frozen
+
+    if not server.call(freeze()):
+        pytest.skip("this host's sandboxes have no freezer cgroup")
+    paused = alice.post(f"/v1/sessions/{a}/pause")
+    assert paused.status_code == 200, paused.text
+    assert alice.get(f"/v1/sessions/{a}").json()["state"] == "paused"
+    again = alice.get(f"/v1/sessions/{a}/ports/8000/x")  # resumes it
+    assert again.status_code == 200, again.text
+    assert again.json()["app"] == "A"
+
+
 def test_port_requests_are_counted(served):
     alice = served["alice"]
     metrics = alice.get("/metrics").text
