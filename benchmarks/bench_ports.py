@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cluster import percentile  # noqa: E402
 from bench_egress import shares, spread_of  # noqa: E402
-from cleanup import scratch_dir  # noqa: E402
+from cleanup import processes_mentioning, scratch_dir  # noqa: E402
 from ports_parts import (  # noqa: E402
     APP,
     CLIENT,
@@ -141,10 +141,7 @@ class Doors:
     (the relay's protocol), one the app's handler connects to (plain HTTP)."""
 
     def __init__(self, server: Serve, http: httpx.Client, session: str) -> None:
-        found = list(server.state.glob("*/sandboxes/*/door/ports.sock"))
-        if len(found) != 1:
-            raise RuntimeError(f"expected one ports door, found {found}")
-        directory = found[0].parent
+        directory = ports_door(server).parent
         self.paths = [directory / RELAY_SOCKET, directory / DOOR_SOCKET]
         self.relay, self.door = (self._listen(path) for path in self.paths)
         put(http, session, "floor_relay.py", FLOOR_RELAY)
@@ -187,13 +184,23 @@ def cpu_s(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def ports_door(server: Serve) -> Path:
+    """The ports door of the one session whose ports were reached."""
+    found = list(server.state.glob("*/sandboxes/*/door/ports.sock"))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one ports door, found {found}")
+    return found[0]
+
+
 class Cpu:
     """Who used the CPU while something ran: the client (the bench's child processes), the
-    server's own process (the front end), its sandboxes' processes, and the host's app."""
+    server's own process (the front end), the session's sandbox (its runsc processes: the
+    pool's idle ones left out), and the host's app."""
 
     def __init__(self, server: Serve, host_pid: int) -> None:
         self.server = server
         self.host_pid = host_pid
+        self.sandbox_id = ports_door(server).parent.parent.name  # .../sandboxes/ID/door
         self.found: dict[str, dict[str, float]] = {}
 
     def _now(self) -> dict[str, float]:
@@ -201,7 +208,7 @@ class Cpu:
         return {
             "client": children.ru_utime + children.ru_stime,
             "front end": cpu_s([self.server.process.pid]),
-            "sandbox": cpu_s(self.server.sandbox_pids()),
+            "sandbox": cpu_s(processes_mentioning(self.sandbox_id)),
             "host app": cpu_s([self.host_pid]),
         }
 
@@ -256,11 +263,11 @@ def measure(
     auth = {"Authorization": f"Bearer {TOKEN}"}
     latency: dict[str, list[float]] = {}
     rates: dict[str, list[float]] = {way: [] for way in WAYS}
-    cpu = Cpu(server, host_pid)
-    out: dict[str, Any] = {"latency_ms": latency, "mib_s": rates, "cpu_s": cpu.found}
     with httpx.Client(base_url=url, timeout=1200, headers=auth) as http:
         session = http.post("/v1/sessions").json()["id"]
-        start_app(http, session)
+        start_app(http, session)  # its ports door open: its sandbox is known
+        cpu = Cpu(server, host_pid)
+        out: dict[str, Any] = {"latency_ms": latency, "mib_s": rates, "cpu_s": cpu.found}
         through = f"{url}/v1/sessions/{session}/ports"
         direct = f"http://127.0.0.1:{host_port}"
         n = args.requests
@@ -427,7 +434,8 @@ def cpu_lines(results: dict[str, Any]) -> list[str]:
     per_gib = 1024 / (args["mib"] * args["rounds"])
     return [
         "CPU used (the machine has 2 cores: what the path through the port uses is taken "
-        "from the client and the app):",
+        "from the client and the app; sandbox: the session's, idle during the host's "
+        "figures):",
         "",
         f"- per request through the port: {parts('port requests', per_request, 1, 'ms')}",
         f"- per request to the host's app: {parts('host requests', per_request, 1, 'ms')}",
