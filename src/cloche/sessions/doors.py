@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cloche.errors import CheckpointFailed, ClocheError, EgressRefused, NotSupported, SandboxError
@@ -144,7 +144,7 @@ class SessionDoors:
         sandbox = kernel.sandbox
         if sandbox.door_dir is None or sandbox.door_inside is None:
             raise NotSupported("this session's sandbox has no door: its ports can't be reached")
-        door = PortDoor(session.id, sandbox.door_dir, sandbox.door_inside, kernel.processes.request)
+        door = PortDoor(session.id, sandbox.door_dir, sandbox.door_inside, _relay_asker(kernel))
         self._ports[session.id] = (kernel, door)
         return door
 
@@ -174,6 +174,19 @@ class SessionDoors:
         held = self._ports.pop(session_id, None)
         if held is not None:
             await held[1].close()
+
+
+def _relay_asker(kernel: KernelClient) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """How a ports door asks its sandbox's relay (`ports.open`, `ports.shut`): the sandbox
+    thawed first, as a cell's run does. An idle session's sandbox is frozen, and its relay
+    could not answer: a checkpoint's `ports.shut` waited out its deadline, and the pause
+    (for idleness, at shutdown) failed."""
+
+    async def ask(op: str, **fields: Any) -> dict[str, Any]:
+        kernel.sandbox.thaw()
+        return await kernel.processes.request(op, **fields)
+
+    return ask
 
 
 def placeholders_of(described: dict[str, Any] | None) -> dict[str, str]:
