@@ -36,6 +36,8 @@ from pathlib import Path
 
 from cleanup import foreign_runsc, leftovers, scratch_dir
 from computer_parts import (
+    IDLE_DIRECT,
+    IDLE_SHELL,
     LAYER_MIB,
     TEMPLATE,
     Api,
@@ -98,6 +100,8 @@ def verdicts(samples: Samples) -> list[list[str]]:
     cell = samples.p50("cell `1+1`")
     shell = samples.p50("command `true` (bash -lc)")
     direct = samples.p50("command /bin/true, args (no shell)")
+    idle_shell = samples.p50(IDLE_SHELL)
+    idle_direct = samples.p50(IDLE_DIRECT)
     keys = samples.p50("keystroke echo through the terminal (websocket)")
     return [
         row("new template session from the pool p50 <= 5 ms", new, 5.0, f"{fmt(new)} ms"),
@@ -112,6 +116,18 @@ def verdicts(samples: Samples) -> list[list[str]]:
             direct / cell,
             2.0,
             f"{direct / cell:.1f}x ({fmt(direct)} / {fmt(cell)} ms)",
+        ),
+        row(
+            "the same, a leader ready (idle before): `true`",
+            idle_shell / cell,
+            2.0,
+            f"{idle_shell / cell:.1f}x ({fmt(idle_shell)} / {fmt(cell)} ms)",
+        ),
+        row(
+            "the same, a leader ready (idle before): /bin/true",
+            idle_direct / cell,
+            2.0,
+            f"{idle_direct / cell:.1f}x ({fmt(idle_direct)} / {fmt(cell)} ms)",
         ),
         row("terminal keystroke echo p50 <= 2 ms", keys, 2.0, f"{fmt(keys)} ms"),
     ]

@@ -24,6 +24,9 @@ TEMPLATE = "debian"
 LAYER_MIB = 100
 LAYER = "/usr/local/share/layer.bin"  # root writes LAYER_MIB there, in its system layer
 BLOCK = 20  # samples of one kind in a row, then the next kind (all see the same machine)
+IDLE_S = 0.3  # the session's gap before each "idle" command
+IDLE_SHELL = f"command `true` (bash -lc), after {IDLE_S:g} s idle"
+IDLE_DIRECT = f"command /bin/true (args), after {IDLE_S:g} s idle"
 
 
 def log(message: str) -> None:
@@ -191,12 +194,18 @@ def commands(api: Api, samples: Samples, rounds: int) -> None:
             "list commands (the relay, no process)",
             lambda: api.call("GET", f"/v1/sessions/{session}/commands"),
         ),
+        # As an agent runs them, a model's turn apart: the supervisor was idle and forked
+        # the next command's leader meanwhile (back to back, each start forks its own).
+        (IDLE_SHELL, lambda: api.command(session, cmd="true")),
+        (IDLE_DIRECT, lambda: api.command(session, cmd="/bin/true", args=[])),
     ]
     for _, fn in kinds:  # warm: the first of each imports and caches
         fn()
     for _ in range(max(1, rounds // BLOCK)):
         for name, fn in kinds:
             for _ in range(BLOCK):
+                if name in (IDLE_SHELL, IDLE_DIRECT):
+                    time.sleep(IDLE_S)  # not timed: the gap between an agent's commands
                 samples.add(name, timed_ms(fn)[0])
     # Few: forking the kernel's process costs tens of ms to seconds on a busy machine.
     floors = api.cell(session, FLOOR_CODE.replace("ROUNDS", str(max(8, rounds // 10))))

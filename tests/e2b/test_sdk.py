@@ -208,7 +208,7 @@ def test_commands_exit_codes_streaming_background_list_kill_stdin(sbx: Sandbox) 
         sbx.commands.run("exit 3")
     assert raised.value.exit_code == 3
     with pytest.raises(CommandExitException) as raised:
-        sbx.commands.run("setsid -w sh -c 'echo led; exit 4'")
+        sbx.commands.run("setsid sh -c 'echo led; exit 4'")
     assert raised.value.exit_code == 4 and raised.value.stdout == "led\n"
     seen: list[str] = []
     sbx.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=seen.append)

@@ -49,6 +49,7 @@ _CHUNK = 64 * 1024
 _HEADER = struct.Struct(">I")
 _HANGUP_GRACE_S = 2.0  # a hung-up terminal's processes get this long before SIGKILL
 _PR_SET_CHILD_SUBREAPER = 36
+_IDLE_S = 0.05  # nothing to do for this long: the next command's leader is forked
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
@@ -96,6 +97,11 @@ class Supervisor:
         self.streams: dict[int, _Process] = {}  # fd -> the process it belongs to
         self.orphans: set[int] = set()  # streams of ended processes, still held by others
         self.timers: list[tuple[float, Callable[[], None]]] = []
+        # A leader forked ahead of the next command, once commands have been asked for
+        # (made when the supervisor is idle, off any start's path; a session of cells only
+        # has none).
+        self.spare: spawn.Spare | None = None
+        self.commands_asked = False
         self.waker_r, self.waker_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.waker_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -122,7 +128,13 @@ class Supervisor:
             timeout = None
             if self.timers:
                 timeout = max(0.0, min(when for when, _ in self.timers) - time.monotonic())
-            for key, mask in self.selector.select(timeout):
+            refill = self.commands_asked and self.spare is None
+            if refill:
+                timeout = _IDLE_S if timeout is None else min(timeout, _IDLE_S)
+            ready = self.selector.select(timeout)
+            if refill and not ready:
+                self._refill()
+            for key, mask in ready:
                 fd = key.fd
                 if fd == self.link.fileno():
                     self._on_link(mask)
@@ -137,6 +149,14 @@ class Supervisor:
             self.timers = [(when, action) for when, action in self.timers if when > now]
             for action in due:
                 action()
+
+    def _refill(self) -> None:
+        """Fork the next command's leader now that nothing waits on the supervisor (the
+        fork holds it for tens of ms)."""
+        try:
+            self.spare = spawn.Spare()
+        except OSError:  # the process limit: the next start forks its own leader
+            self.commands_asked = False  # until the next command asks again
 
     def _watch(self, fd: int, events: int) -> None:
         """Set what the loop waits for on fd (nothing: not watched)."""
@@ -240,7 +260,11 @@ class Supervisor:
             stdin=bool(request.get("stdin")),
             pty=size,
         )
-        process = _Process(spawn.start(what), request)
+        spare = None
+        if size is None:  # a command: under the spare leader, if one is ready
+            spare, self.spare = self.spare, None
+            self.commands_asked = True
+        process = _Process(spawn.start(what, spare), request)
         self.processes[process.pid] = process
         for fd in process.outputs:
             self.streams[fd] = process

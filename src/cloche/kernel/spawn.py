@@ -1,25 +1,27 @@
 """Starting a session's commands and terminals, and ending whole process trees.
 
-A command leads a new session and process group of its own (as under E2B's envd), started
-by posix_spawn: gVisor starts a process that way in ~15 ms where forking the supervisor
-and then the command took ~60-130 ms (a fork copies the forking process's address space,
-posix_spawn does not). The supervisor is root and single-threaded: it takes the user's
-ids as its effective ones (keeping root as its saved uid), and the command's working
-directory as its own, for the spawn only, so that the command starts as the user there.
-Where that can't be done (a program not found, a directory not entered, a Python without
-posix_spawn) the command starts the old way, which tells the command's stderr why: a
-forked leader heads the session and forks the command. A command that calls `setsid`
-itself forks away from its group (the `setsid` utility does when it leads one): use
-`setsid -w` to keep its exit code. A terminal's shell leads its own session, with the
-terminal as its controlling tty, as a login shell does.
+A command runs under a leader that heads a new session and process group and waits for
+it (as E2B's envd runs commands in a process of its own): the command itself is then never
+a group leader, so a command that calls `setsid` itself (`setsid sh -c ...`, as agent
+frameworks do) keeps its exit code and output. The leader passes the command's end on as
+its own: the same exit code, or death by the same signal.
+
+Leaders are forked ahead of their commands (`Spare`): in gVisor a fork of the supervisor
+costs tens of ms (it copies an address space), which a start then no longer waits for. A
+spare leader heads its session already; handed a command (its streams passed over a unix
+socket), it becomes the user and starts the command by posix_spawn (~15 ms here: nothing
+is copied). A terminal's shell leads its own session, with the terminal as its
+controlling tty, as a login shell does.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pwd
 import signal
+import socket
 import struct
 import sys
 import termios
@@ -88,93 +90,100 @@ class Started:
     stdin: int | None
 
 
-def start(what: Start) -> Started:
-    """Fork and start `what`; the parent's fds are non-blocking and close-on-exec."""
+def start(what: Start, spare: Spare | None = None) -> Started:
+    """Start `what` under spare (or a leader forked now); the parent's fds are
+    non-blocking and close-on-exec."""
     if what.pty is not None:
         return _start_terminal(what)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe() if what.stdin else (os.open(os.devnull, os.O_RDONLY), -1)
-    pid = _spawn(what, in_r, out_w, err_w)
-    if pid is None:
-        pid = _fork_leader(what, in_r, out_w, err_w)
-    for fd in (out_w, err_w, in_r):
-        os.close(fd)
+    try:
+        if spare is None or not spare.lead(what, (in_r, out_w, err_w)):
+            spare = Spare()
+            if not spare.lead(what, (in_r, out_w, err_w)):
+                raise OSError("the command's leader could not be started")
+    except BaseException:
+        for fd in (out_r, err_r, in_w):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w, in_r):
+            os.close(fd)
+    pid = spare.pid
     for fd in (out_r, err_r, in_w):
         if fd >= 0:
             os.set_blocking(fd, False)
     return Started(pid, out_r, err_r, in_w if in_w >= 0 else None)
 
 
-def _spawn(what: Start, stdin: int, stdout: int, stderr: int) -> int | None:
-    """posix_spawn the command as the user, in its working directory, leading its own
-    session; None when that can't be done (then `_fork_leader` says why on its stderr)."""
-    if not hasattr(os, "posix_spawn"):
-        return None
-    try:
-        with _as(what.identity):
-            os.chdir(what.cwd)
-            program = _program(what.argv[0], what.env.get("PATH", os.defpath))
-            if program is None:
-                return None
-            return os.posix_spawn(
-                program,
-                what.argv,
-                what.env,
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, stdin, 0),
-                    (os.POSIX_SPAWN_DUP2, stdout, 1),
-                    (os.POSIX_SPAWN_DUP2, stderr, 2),
-                ],
-                setsid=True,
-                setsigdef=_DEFAULTED,
-                setsigmask=(),
-            )
-    except (OSError, TypeError, ValueError):
-        return None
-    finally:
-        os.chdir("/")
+class Spare:
+    """A leader forked before its command: it heads a new session of its own and ignores
+    the signals the group gets, then waits to be handed a command (`lead`)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            ours.close()
+            _in_child(lambda: _wait_to_lead(theirs))
+        theirs.close()
+        self.link = ours
+
+    def lead(self, what: Start, streams: tuple[int, int, int]) -> bool:
+        """Hand it `what` and the command's stdin, stdout and stderr; False if it is gone
+        (killed meanwhile). Either way the spare is used up."""
+        who = what.identity
+        spec = {
+            "argv": what.argv,
+            "cwd": what.cwd,
+            "env": what.env,
+            "identity": [who.name, who.uid, who.gid, who.home, who.groups],
+        }
+        body = json.dumps(spec, ensure_ascii=False).encode("utf-8", "surrogateescape")
+        try:
+            # Once it heads its session (its byte): a signal sent to the group right after
+            # the start reaches the command, never a process in the supervisor's group.
+            if self.link.recv(1) != b"!":
+                return False
+            socket.send_fds(self.link, [body], list(streams))
+            return True
+        except OSError:
+            return False
+        finally:
+            self.link.close()
+
+    def discard(self) -> None:
+        """Let it go unused (it exits once its link closes)."""
+        self.link.close()
+
+
+def _wait_to_lead(link: socket.socket) -> None:
+    """A spare leader's life: head a session, wait for a command, lead it."""
+    signal.set_wakeup_fd(-1)  # the supervisor's: never this process's
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    for number in _LEADER_IGNORES:
+        signal.signal(number, signal.SIG_IGN)
+    keep = link.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, _max_fd())
+    link.sendall(b"!")
+    body, fds, _, _ = socket.recv_fds(link, 1 << 24, 3)
+    if not body or len(fds) != 3:
+        os._exit(0)  # discarded, or the supervisor has gone
+    spec = json.loads(body.decode("utf-8", "surrogateescape"))
+    name, uid, gid, home, groups = spec["identity"]
+    what = Start(spec["argv"], spec["cwd"], spec["env"], Identity(name, uid, gid, home, groups))
+    stdin, stdout, stderr = fds
+    _lead(what, stdin, stdout, stderr, open_fds=(keep, stdin, stdout, stderr))
 
 
 # Every signal a process may handle: posix_spawn sets them back to their defaults.
 _DEFAULTED = tuple(
     number for number in signal.valid_signals() if number not in (signal.SIGKILL, signal.SIGSTOP)
 )
-
-
-class _as:  # noqa: N801  # a context manager, named for how it reads
-    """The supervisor's effective ids (and groups) those of `who` for a while, root kept as
-    the saved uid and gid to come back to; nothing where the supervisor already is `who`.
-
-    Raises:
-        PermissionError: the supervisor is not root and `who` is someone else.
-    """
-
-    def __init__(self, who: Identity) -> None:
-        self.who = who
-        self.switched = False
-
-    def __enter__(self) -> None:
-        who = self.who
-        if who.uid == os.getuid() and who.gid == os.getgid():
-            return
-        if os.geteuid() != 0:
-            raise PermissionError(who.name)
-        self.groups = os.getgroups()
-        self.switched = True
-        try:
-            os.setgroups(who.groups or [who.gid])
-            os.setresgid(who.gid, who.gid, 0)
-            os.setresuid(who.uid, who.uid, 0)
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def __exit__(self, *_: object) -> None:
-        if self.switched:
-            os.setresuid(0, 0, 0)
-            os.setresgid(0, 0, 0)
-            os.setgroups(self.groups)
 
 
 def _program(name: str, path: str) -> str | None:
@@ -186,21 +195,6 @@ def _program(name: str, path: str) -> str | None:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
-
-
-def _fork_leader(what: Start, stdin: int, stdout: int, stderr: int) -> int:
-    """Fork a leader that heads a new session and forks the command (whose failure to start
-    it reports on the command's stderr, with exit code 126 or 127)."""
-    led_r, led_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _in_child(lambda: _lead(what, stdin, stdout, stderr, led_w))
-    os.close(led_w)
-    # Answered once the leader heads its session: a signal sent to the group right after
-    # the start reaches the command, not a process still in the supervisor's group.
-    os.read(led_r, 1)
-    os.close(led_r)
-    return pid
 
 
 def _start_terminal(what: Start) -> Started:
@@ -228,15 +222,16 @@ def set_size(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def _lead(what: Start, stdin: int, stdout: int, stderr: int, led: int) -> None:
-    os.setsid()
-    for number in _LEADER_IGNORES:
-        signal.signal(number, signal.SIG_IGN)
-    os.write(led, b"!")
-    _become(what, stdin, stdout, stderr)
-    child = os.fork()
-    if child == 0:
-        _in_child(lambda: _exec(what))
+def _lead(
+    what: Start, stdin: int, stdout: int, stderr: int, open_fds: tuple[int, ...] | None = None
+) -> None:
+    """As a session's leader: start the command as the user, wait for it, end as it did."""
+    _become(what, stdin, stdout, stderr, open_fds)
+    child = _spawn(what)
+    if child is None:  # it can't be spawned: a forked child says why, on its stderr
+        child = os.fork()
+        if child == 0:
+            _in_child(lambda: _exec(what))
     # The leader keeps no copy of the command's streams: their end is the command's.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -258,12 +253,32 @@ def _lead(what: Start, stdin: int, stdout: int, stderr: int, led: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def _become(what: Start, stdin: int, stdout: int, stderr: int) -> None:
-    """In a child: the streams on 0, 1, 2, nothing else open, the user's identity, the cwd."""
+def _spawn(what: Start) -> int | None:
+    """posix_spawn the command (its streams, ids and directory are the caller's); None
+    when it can't be (no such program, or a Python without posix_spawn)."""
+    program = _program(what.argv[0], what.env.get("PATH", os.defpath))
+    if program is None or not hasattr(os, "posix_spawn"):
+        return None
+    try:
+        return os.posix_spawn(program, what.argv, what.env, setsigdef=_DEFAULTED, setsigmask=())
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _become(
+    what: Start, stdin: int, stdout: int, stderr: int, open_fds: tuple[int, ...] | None = None
+) -> None:
+    """In a child: the streams on 0, 1, 2, nothing else open (open_fds: all that is, if
+    known: closing every possible fd one by one costs gVisor milliseconds), the user's
+    identity, the cwd."""
     for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
         if fd != target:
             os.dup2(fd, target)
-    os.closerange(3, _max_fd())
+    if open_fds is None:
+        os.closerange(3, _max_fd())
+    else:
+        for fd in set(open_fds) - {0, 1, 2}:
+            os.close(fd)
     who = what.identity
     if os.getuid() == 0 and who.uid != 0:
         os.setgroups(who.groups or [who.gid])
