@@ -74,12 +74,19 @@ async def test_openai_agents_e2b_sandbox_client(e2b_env: dict[str, str]) -> None
         assert failed.exit_code == 7
         await session.write(Path("notes/a.txt"), io.BytesIO(b"written by the agent"))
         assert (await session.read(Path("notes/a.txt"))).read() == b"written by the agent"
+        # A terminal is E2B's login shell with the command typed in: it answers, then the
+        # shell waits for more, as on E2B, until it is told to exit.
         update = await session.pty_exec_start("python3", "-c", "print(6*7)", tty=True)
         output = update.output
-        while update.exit_code is None and update.process_id is not None:
+        assert update.process_id is not None
+        while b"42" not in output and update.exit_code is None:
             update = await session.pty_write_stdin(session_id=update.process_id, chars="")
             output += update.output
         assert b"42" in output
+        update = await session.pty_write_stdin(session_id=update.process_id, chars="exit\n")
+        while update.exit_code is None and update.process_id is not None:
+            update = await session.pty_write_stdin(session_id=update.process_id, chars="")
+        assert update.exit_code == 0
         archive = await session.persist_workspace()  # the workspace's snapshot, as a tar
         assert len(archive.read()) > 0
         assert await session.running()
