@@ -3,6 +3,7 @@ all, against a real gVisor server (each address a loopback address of its own: 1
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,8 +60,11 @@ def sign_in(browser: httpx.Client, token: str) -> httpx.Response:
     """The login form filled in and sent, as a browser does (its CSRF cookie included)."""
     form = browser.get("/ui/login")
     assert form.status_code == 200, form.text
-    csrf = browser.cookies["cloche_ui_login"]
-    return browser.post("/ui/login", data={"csrf_token": csrf, "token": token, "next": "/ui/"})
+    assert "cloche_ui_login" in browser.cookies  # the value signed; the form holds it plain
+    found = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
+    assert found, form.text
+    data = {"csrf_token": found[1], "token": token, "next": "/ui/"}
+    return browser.post("/ui/login", data=data)
 
 
 def signed_in(response: httpx.Response) -> bool:
