@@ -167,6 +167,7 @@ def test_canary_is_in_no_command_process_or_terminal(attacker, witness, secure_s
     assert CANARY in host.stdout
 
 
+@pytest.mark.timeout(1200)  # it builds a template from an image first (minutes, loaded)
 def test_root_writes_never_reach_an_images_root_and_its_links_lead_nowhere_on_the_host(
     secure_server, witness, debian_tar_without_python
 ):
