@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 from websockets.sync.client import connect
 
 from root_probes import CAP_NET_RAW, capabilities, host_py, py
