@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cloche.cluster.command_requests import CommandRequests
 from cloche.cluster.directory import DEAD
 from cloche.cluster.link import AgentServer
-from cloche.cluster.relay import EventSink, Outbox, Told
+from cloche.cluster.relay import Outbox, Told
 from cloche.cluster.requests import SessionRequests
 from cloche.cluster.tls import AgentTLS
 from cloche.config import ServerConfig
@@ -42,7 +42,7 @@ from cloche.llm.broker import Broker
 from cloche.sandbox.registry import create_backend
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.local import LocalSessionManager
-from cloche.sessions.observer import Observer
+from cloche.sessions.observer import EventSink, Observer
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
 if TYPE_CHECKING:
@@ -241,9 +241,15 @@ class NodeAgent(SessionRequests, CommandRequests):
             self._membership.exit()
 
     def _tell(
-        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+        self,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> None:
-        """An event of this node's sessions, kept for the front ends (it never waits)."""
+        """An event of this node's sessions, kept for the front ends (it never waits; the
+        front ends deliver it to webhooks, as `events_since` shares it out)."""
         gone = self.leaving or self.fenced
         if gone is not None and kind == "session.closed":
             # Its sandbox died because the node is going: lost with its node, as its
@@ -355,10 +361,16 @@ class NodeAgent(SessionRequests, CommandRequests):
         return {"seq": self.manager.ended_seq, "ids": self.manager.ended_since(seq)}
 
     async def _op_events_since(
-        self, on_event: EventCallback, seq: int, limit: int, wait_s: float
+        self,
+        on_event: EventCallback,
+        seq: int,
+        limit: int,
+        wait_s: float,
+        claim: list[str] | None = None,
     ) -> dict[str, Any]:
-        """This node's events after number seq, for a front end's bus (a long poll)."""
-        return await self.outbox.since(seq, limit, wait_s)
+        """This node's events after number seq, for a front end's bus (a long poll), and
+        which of them are its to deliver to the webhook receivers it names in claim."""
+        return await self.outbox.since(seq, limit, wait_s, claim or ())
 
     async def _op_holds(self, on_event: EventCallback, session_id: str) -> bool:
         """Whether this node holds the session, whoever owns it (a front end looking for it)."""

@@ -25,10 +25,10 @@ from typing import Any
 from cloche.cluster import ray_auth
 from cloche.cluster.agent import NodeAgent, NodeFigures
 from cloche.cluster.directory import Directory
-from cloche.cluster.relay import EventSink
 from cloche.cluster.tls import AgentTLS
 from cloche.config import MIB, ServerConfig
 from cloche.errors import ClocheError, ConfigError
+from cloche.sessions.observer import EventSink
 
 log = logging.getLogger("cloche.cluster")
 

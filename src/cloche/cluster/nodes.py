@@ -3,6 +3,11 @@ found, linked over the data path, its events relayed (`cluster/relay.py`), watch
 declared dead for good when its link goes down (its sessions then say they were lost, and
 are told closed, `node_lost`).
 
+Every front end tells what happens to the nodes (`node.up`, `node.draining`, `node.dead`,
+and the sessions lost with a node) on its own stream; each webhook receiver gets each of
+these once, from the front end that claimed it in the directory (named by the node's turn,
+alike on every front end), as it gets each event of a node's sessions once (the relay).
+
 The first layer of `ClusterSessionManager` (`cluster/manager.py`); where each session is,
 and moving sessions off a draining node, is the next layer's (`cluster/routing.py`).
 """
@@ -23,12 +28,12 @@ from cloche.cluster.agent import NodeFigures
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.engine import Engine, RayNode
 from cloche.cluster.link import AgentLink, LinkDown
-from cloche.cluster.relay import EventSink, relay
+from cloche.cluster.relay import relay
 from cloche.cluster.tls import front_end_context
 from cloche.config import ServerConfig
 from cloche.errors import ClocheError, ConfigError, SessionLost
 from cloche.sessions.manager import SessionManager
-from cloche.sessions.observer import Observer
+from cloche.sessions.observer import EventSink, Observer
 
 log = logging.getLogger("cloche.cluster")
 
@@ -37,6 +42,7 @@ AGENT_START_S = 300.0  # a node agent's start (its pools fill first)
 AGENT_STOP_S = 120.0  # a node agent pausing its sessions at the cluster's stop
 METRICS_WAIT_S = 2.0  # a node slower than this to give its figures is left out of a scrape
 LOST_WAIT_S = 5.0  # a dead node's last events, then the directory, before its losses are told
+CLAIM_WAIT_S = 5.0  # the directory's share of webhook deliveries (slower: this one delivers all)
 
 
 def node_failed(session_id: str) -> SessionLost:
@@ -66,6 +72,8 @@ class Node:
     # closed with `node_lost` when it dies.
     residents: dict[str, str | None] = field(default_factory=dict)
     relay: asyncio.Task[None] | None = None  # taking its events to this front end's bus
+    # Its changes of state are told one after the other, each once the directory has it.
+    telling: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def event_data(self, state: str, why: str | None = None) -> dict[str, Any]:
         """What an event about this node says (`node.up`, `node.draining`, `node.dead`)."""
@@ -94,10 +102,14 @@ class ClusterNodes(SessionManager):
         config: ServerConfig,
         observer: Observer | None = None,
         node_figures: Callable[[EventSink], NodeFigures] | None = None,
+        webhooks: frozenset[str] = frozenset(),
     ) -> None:
         """observer: told of this front end's events (the server's metrics); node_figures:
-        makes what each node agent reports to (the same kind of metrics, per node)."""
+        makes what each node agent reports to (the same kind of metrics, per node);
+        webhooks: the ids of the server's webhook receivers (`Receiver.id`), whose
+        deliveries of the nodes' events this front end claims its share of."""
         self.config = config
+        self.webhooks = webhooks
         self.observer = observer or Observer()
         self.engine = Engine(config, node_figures)
         self.nodes: dict[str, Node] = {}
@@ -154,7 +166,7 @@ class ClusterNodes(SessionManager):
         for entry in known:
             node = self.nodes.get(entry["id"])
             if node is not None and entry["state"] != node.state and node.state != DEAD:
-                self._set_state(node, entry["state"], tell=False)
+                self._set_state(node, entry["state"], tell=False, turn=entry.get("turn"))
         linked = {n.ray_id for n in self.nodes.values() if n.state != DEAD}
         fresh = [
             ray_node
@@ -216,12 +228,13 @@ class ClusterNodes(SessionManager):
                 node.residents[info["id"]] = info["owner_key"]
         except (ClocheError, LinkDown) as exc:
             log.warning("node %s did not list its sessions: %s", node.id, exc)
+        await self._announce(node, ALIVE, turn=0)  # its first turn, whoever tells it
         told = functools.partial(self._relayed, node)
         node.relay = asyncio.create_task(
-            relay(link, link.greeting.get("events", 0), told), name=f"events-{node.id}"
+            relay(link, link.greeting.get("events", 0), told, self.webhooks),
+            name=f"events-{node.id}",
         )
         self.nodes[node.id] = node
-        self.observer.event("node.up", None, None, node.event_data(ALIVE))
         with contextlib.suppress(ClocheError, LinkDown):
             node.stats = await link.call("stats")
             if not self._profiles:
@@ -242,14 +255,64 @@ class ClusterNodes(SessionManager):
         session_id: str | None,
         owner_key: str | None,
         data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> None:
-        """An event of a node's sessions, told on as this front end's own, with the node."""
+        """An event of a node's sessions, told on as this front end's own, with the node
+        (delivered to the webhook receivers the relay gave it to this front end for)."""
         if session_id is not None and kind.startswith("session."):
             if kind == "session.closed":
                 node.residents.pop(session_id, None)
             else:
                 node.residents[session_id] = owner_key
-        self.observer.event(kind, session_id, owner_key, {**data, "node": node.id})
+        self.observer.event(kind, session_id, owner_key, {**data, "node": node.id}, webhooks)
+
+    async def _claim(self, events: builtins.list[str]) -> builtins.list[frozenset[str]]:
+        """For each event this front end tells of the nodes (named alike by every front
+        end), the webhook receivers it is the one to deliver it to."""
+        if not self.webhooks or not events:
+            return [frozenset()] * len(events)
+        try:
+            answers = await asyncio.wait_for(
+                self.engine.directory.claim.remote(events, sorted(self.webhooks)), CLAIM_WAIT_S
+            )
+        except Exception as exc:  # at least once, then: its webhooks may get them twice
+            log.warning("the directory did not share out webhook deliveries: %s", exc)
+            return [self.webhooks] * len(events)
+        return [frozenset(answer) for answer in answers]
+
+    async def _announce(
+        self,
+        node: Node,
+        state: str,
+        why: str | None = None,
+        *,
+        changed: bool = True,
+        tell: bool = False,
+        turn: int | None = None,
+    ) -> None:
+        """A node's new state: in the directory (tell: this front end's own verdict), then,
+        if it changed here, as an event, and after a death its sessions told lost."""
+        async with node.telling:
+            if tell:
+                try:
+                    turn = await asyncio.wait_for(
+                        self.engine.directory.set_state.remote(node.id, state), CLAIM_WAIT_S
+                    )
+                except Exception as exc:  # told anyway; others learn it at their next look
+                    log.warning("the directory was not told node %s is %s: %s", node.id, state, exc)
+            if not changed:
+                return
+            # Named alike by every front end that tells it: a node dies once; it may drain
+            # and come back many times, each a turn of its own.
+            name = f"{node.id} {state}" + ("" if state == DEAD else f" #{turn}")
+            if turn is None and state != DEAD:  # the directory out of reach: delivered here
+                webhooks = self.webhooks
+            else:
+                (webhooks,) = await self._claim([name])
+            kind = {ALIVE: "node.up", DRAINING: "node.draining", DEAD: "node.dead"}[state]
+            self.observer.event(kind, None, None, node.event_data(state, why), webhooks)
+            if state == DEAD:
+                await self._tell_lost(node)
 
     async def _tell_lost(self, node: Node) -> None:
         """Tell each session of a node declared dead closed (`node_lost`), once, after the
@@ -267,12 +330,13 @@ class ClusterNodes(SessionManager):
             log.warning("the directory did not say where node %s's sessions are: %s", node.id, exc)
             places = None
         places = places or {}
-        for session_id, owner_key in lost.items():
-            if places.get(session_id) not in (None, node.id):
-                continue  # moved on to another node
+        # Not those moved on to another node.
+        told = [s for s in lost if places.get(s) in (None, node.id)]
+        claims = await self._claim([f"{node.id} lost {session_id}" for session_id in told])
+        for session_id, webhooks in zip(told, claims, strict=True):
             self.observer.session_closed("lost", "node_lost")
             data = {"end_reason": "node_lost", "reason": "lost", "node": node.id}
-            self.observer.event("session.closed", session_id, owner_key, data)
+            self.observer.event("session.closed", session_id, lost[session_id], data, webhooks)
 
     def _link_down(self, link: AgentLink, why: str) -> None:
         node = self.nodes.get(link.node_id)
@@ -312,19 +376,27 @@ class ClusterNodes(SessionManager):
                 self._news.clear()
                 await self._news.wait()
 
-    def _set_state(self, node: Node, state: str, *, tell: bool, why: str | None = None) -> None:
-        if state != node.state:  # told as an event (GET /v1/events, webhooks)
-            kind = {ALIVE: "node.up", DRAINING: "node.draining", DEAD: "node.dead"}[state]
-            self.observer.event(kind, None, None, node.event_data(state, why))
-        if state == DEAD and node.state != DEAD:
-            self._in_background(self._tell_lost(node))
+    def _set_state(
+        self,
+        node: Node,
+        state: str,
+        *,
+        tell: bool,
+        why: str | None = None,
+        turn: int | None = None,
+    ) -> asyncio.Task[None]:
+        """A node's new state, here at once; in the directory (tell: this front end's own
+        verdict; else turn: the directory's, as learnt) and as an event (`_announce`), in
+        the background (the task, for one who waits for it)."""
+        changed = state != node.state and node.state != DEAD
         node.state = state
         if state == DEAD and node.link is not None:
             node.link.close(why="declared dead")
-        if tell:
-            self._in_background(self.engine.directory.set_state.remote(node.id, state))
+        return self._in_background(
+            self._announce(node, state, why, changed=changed, tell=tell, turn=turn)
+        )
 
-    def _in_background(self, awaitable: Any) -> None:
+    def _in_background(self, awaitable: Any) -> asyncio.Task[None]:
         async def run() -> None:
             try:
                 await awaitable
@@ -334,6 +406,7 @@ class ClusterNodes(SessionManager):
         task = asyncio.create_task(run())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def _alive(self) -> builtins.list[Node]:
         return [n for n in self.nodes.values() if n.state == ALIVE and n.link is not None]

@@ -110,8 +110,7 @@ class SessionRouting(ClusterNodes):
         node = self._node_named(node_id)
         grace = self.config.node_grace_s if grace_s is None else grace_s
         deadline = asyncio.get_running_loop().time() + grace
-        self._set_state(node, DRAINING, tell=False)
-        await self.engine.directory.set_state.remote(node.id, DRAINING)  # others stop too
+        await self._set_state(node, DRAINING, tell=True)  # the others stop placing there too
         session_ids, snapshot_ids = await node.handle.held.remote()
         moved, failed, why = 0, [], {}
         for session_id in session_ids:
@@ -170,8 +169,7 @@ class SessionRouting(ClusterNodes):
         node = self.nodes.get(node_id)
         if node is None or node.state == DEAD:
             raise NodeNotFound(f"Node {node_id} not found, or dead")
-        self._set_state(node, ALIVE, tell=False)
-        await self.engine.directory.set_state.remote(node.id, ALIVE)
+        await self._set_state(node, ALIVE, tell=True)
         log.info("node %s back in service", node.id)
         return {"node": node.id, "state": ALIVE}
 
