@@ -143,9 +143,12 @@ class NodeAgent(SessionRequests, CommandRequests):
         watch_sigterm: bool = False,
         tls: AgentTLS | None = None,
         membership: Membership | None = None,
+        successor: bool = False,
     ) -> None:
         """membership: where the agent learns that it was declared dead (none: it never
-        fences itself, as in tests of the data path)."""
+        fences itself, as in tests of the data path); successor: an agent of this machine
+        was declared dead before, and what it kept in --data-dir (paused sessions,
+        snapshots: told lost) is deleted as this one starts (one killed -9 did not fence)."""
         self.config = config
         self.node_id = node_id
         self.host = host
@@ -180,6 +183,7 @@ class NodeAgent(SessionRequests, CommandRequests):
         self.leaving: str | None = None
         self._watch_sigterm = watch_sigterm  # in a process of its own (a Ray actor's)
         self._membership = membership
+        self._successor = successor
         self._watching: asyncio.Task[None] | None = None
         # Why the cluster declared this node dead, once the agent learnt it (it fences).
         self.fenced: str | None = None
@@ -194,7 +198,9 @@ class NodeAgent(SessionRequests, CommandRequests):
     async def _start(self) -> None:
         if self._watch_sigterm:
             _watch_sigterm(self)
-        await self.manager.start()
+        # The manager's start cleans what a killed predecessor left (its runsc, mounts and
+        # cgroups, as a restarted server's does); a successor's forgets its sessions too.
+        await self.manager.start(forget=self._successor)
         self.port = await self.server.start(self.host, self.config.cluster_agent_port)
         log.info("node agent %s serving on %s:%d", self.node_id, self.host, self.port)
         if self._membership is not None:

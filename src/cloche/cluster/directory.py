@@ -82,6 +82,13 @@ class Directory:
         if node is not None and node["state"] == DEAD:
             node["fenced"] = True
 
+    def ended(self, node_id: str) -> None:
+        """A dead node's agent ended without fencing itself (killed -9): its machine may
+        have a new agent, which deletes what it left (`NodeAgent`'s successor)."""
+        node = self.nodes.get(node_id)
+        if node is not None and node["state"] == DEAD:
+            node["ended"] = True
+
     def all_nodes(self) -> list[dict[str, Any]]:
         return list(self.nodes.values())
 

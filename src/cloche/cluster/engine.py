@@ -247,11 +247,12 @@ class Engine:
         secret: str,
         egress_ca: tuple[bytes, bytes] | None,
         data_ca: tuple[bytes, bytes],
+        successor: bool = False,
     ) -> Any:
         """The node agent actor of a node, made if there is none (its `start` says its id);
         egress_ca: the cluster's interception CA, when sessions may carry secrets; data_ca:
         the data path's, which issues the agent its certificate (the agent never sees the
-        CA's key)."""
+        CA's key); successor: the node's agent before was declared dead (`NodeAgent`)."""
         _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -260,7 +261,7 @@ class Engine:
         node_id = f"{node.ray_id[:12]}-{secrets.token_hex(3)}"
         tls = AgentTLS.issue(data_ca, node_id, node.ip)
         handle = self._agent_class.options(
-            name=f"cloche-agent-{node.ray_id}",
+            name=agent_name(node.ray_id),
             lifetime="detached",
             get_if_exists=True,
             num_cpus=0,
@@ -277,8 +278,27 @@ class Engine:
             watch_sigterm=True,
             tls=tls,
             membership=DirectoryMembership(self.directory),
+            successor=successor,
         )
         return handle
+
+    def agent_ended(self, ray_id: str, handle: Any, timeout_s: float) -> bool:
+        """Whether the agent of a Ray node (its actor's handle, if one is held) has ended
+        for good: Ray says its actor died, or no agent is named for that node. False while
+        it may live (a frozen agent does not answer within timeout_s; blocking)."""
+        ray = _ray()
+        if handle is None:
+            try:
+                handle = ray.get_actor(agent_name(ray_id), namespace=NAMESPACE)
+            except ValueError:  # none: a dead actor's name is free
+                return True
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.ActorDiedError:
+            return True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False  # unavailable for now, or frozen: not known to be gone
+        return False  # it answers: it learns its verdict and fences itself
 
     def node_config(self, node: RayNode) -> ServerConfig:
         """A node agent's settings: the front end's, with (on one machine) its own dirs."""
@@ -332,6 +352,11 @@ class Engine:
             _remove_ended_temps()
             os.environ.pop("RAY_TMPDIR", None)
             self._temp = None
+
+
+def agent_name(ray_id: str) -> str:
+    """The name of the agent actor of a Ray node (one at a time: freed when it dies)."""
+    return f"cloche-agent-{ray_id}"
 
 
 class DirectoryMembership:

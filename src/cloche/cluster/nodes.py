@@ -42,6 +42,7 @@ AGENT_START_S = 300.0  # a node agent's start (its pools fill first)
 AGENT_STOP_S = 120.0  # a node agent pausing its sessions at the cluster's stop
 METRICS_WAIT_S = 2.0  # a node slower than this to give its figures is left out of a scrape
 LOST_WAIT_S = 5.0  # a dead node's last events, then the directory, before its losses are told
+ENDED_ASK_S = 1.0  # Ray, whether a dead node's agent ended (a frozen one does not answer)
 CLAIM_WAIT_S = 5.0  # the directory's share of webhook deliveries (slower: this one delivers all)
 
 
@@ -160,20 +161,21 @@ class ClusterNodes(SessionManager):
         """Agents for new Ray nodes; links to agents others started; others' verdicts."""
         known = await self.engine.directory.all_nodes.remote()
         self.directory_size = await self.engine.directory.size.remote()
-        # A machine whose agent was declared dead gets a new agent only once that one has
-        # fenced itself (removed all it held, and gone): until then it may hold sandboxes.
-        held_back = {n["ray_id"] for n in known if n["state"] == DEAD and not n.get("fenced")}
         for entry in known:
             node = self.nodes.get(entry["id"])
             if node is not None and entry["state"] != node.state and node.state != DEAD:
                 self._set_state(node, entry["state"], tell=False, turn=entry.get("turn"))
         linked = {n.ray_id for n in self.nodes.values() if n.state != DEAD}
-        fresh = [
-            ray_node
-            for ray_node in await asyncio.to_thread(self.engine.nodes)
-            if ray_node.ray_id not in linked and ray_node.ray_id not in held_back
-        ]
-        await asyncio.gather(*(self._join(ray_node) for ray_node in fresh))
+        unlinked = [r for r in await asyncio.to_thread(self.engine.nodes) if r.ray_id not in linked]
+        held_back = await self._held_back(known, {r.ray_id for r in unlinked})
+        had_dead = {n["ray_id"] for n in known if n["state"] == DEAD}
+        await asyncio.gather(
+            *(
+                self._join(ray_node, successor=ray_node.ray_id in had_dead)
+                for ray_node in unlinked
+                if ray_node.ray_id not in held_back
+            )
+        )
         for entry in known:  # dead nodes others saw, for GET /v1/cluster
             if entry["id"] not in self.nodes and entry["state"] == DEAD:
                 self.nodes[entry["id"]] = Node(
@@ -181,9 +183,47 @@ class ClusterNodes(SessionManager):
                     None, None, DEAD,
                 )  # fmt: skip
 
-    async def _join(self, ray_node: RayNode) -> None:
+    async def _held_back(
+        self, known: builtins.list[dict[str, Any]], machines: set[str]
+    ) -> set[str]:
+        """Of the machines (Ray node ids) given, those that get no new agent yet: one of
+        theirs was declared dead and may still hold sandboxes. Until it has fenced itself
+        (removed all it held, and gone), or Ray says its actor died (killed -9: what it
+        left, its successor cleans)."""
+        waiting = [
+            entry
+            for entry in known
+            if entry["state"] == DEAD
+            and not entry.get("fenced")
+            and not entry.get("ended")
+            and entry["ray_id"] in machines
+        ]
+        answers = await asyncio.gather(*(self._agent_ended(entry) for entry in waiting))
+        held = set()
+        for entry, ended in zip(waiting, answers, strict=True):
+            if not ended:
+                held.add(entry["ray_id"])
+                continue
+            log.warning(
+                "the agent of dead node %s ended without fencing itself (killed?): its "
+                "machine gets a new agent, which removes what it left",
+                entry["id"],
+            )
+            await self.engine.directory.ended.remote(entry["id"])
+        return held
+
+    async def _agent_ended(self, entry: dict[str, Any]) -> bool:
+        node = self.nodes.get(entry["id"])
+        handle = node.handle if node is not None else None
+        return await asyncio.to_thread(
+            self.engine.agent_ended, entry["ray_id"], handle, ENDED_ASK_S
+        )
+
+    async def _join(self, ray_node: RayNode, successor: bool = False) -> None:
+        """Start (or find) a machine's agent and link it; successor: an agent of that
+        machine was declared dead before (the new one deletes what it kept)."""
         handle = await asyncio.to_thread(
-            self.engine.agent, ray_node, self._secret, self._egress_ca, self._data_ca
+            self.engine.agent, ray_node, self._secret, self._egress_ca, self._data_ca, successor
         )
         try:
             described = await asyncio.wait_for(handle.start.remote(), AGENT_START_S)
