@@ -118,20 +118,20 @@ async def test_a_machine_gets_a_new_agent_only_once_its_dead_one_fenced_itself(
     manager.engine.nodes = lambda: machines  # type: ignore[method-assign]
     ended: set[str] = set()  # the ray ids whose agents Ray says died
     manager.engine.agent_ended = lambda ray_id, *_: ray_id in ended  # type: ignore[method-assign]
-    joined: list[tuple[str, bool]] = []
+    joined: list[tuple[str, int | None]] = []
 
-    async def join(ray_node: RayNode, successor: bool = False) -> None:
-        joined.append((ray_node.ray_id, successor))
+    async def join(ray_node: RayNode, predecessor: int | None = None) -> None:
+        joined.append((ray_node.ray_id, predecessor))
 
     manager._join = join  # type: ignore[method-assign]
     await manager._discover()
-    # A successor deletes what its dead predecessor kept; a machine's first agent, not.
-    assert sorted(joined) == [("ray-b", True), ("ray-d", False), ("ray-e", False)]
+    # A successor cleans what its dead predecessor (by its pid) left; a first agent, not.
+    assert sorted(joined) == [("ray-b", 1), ("ray-d", None), ("ray-e", None)]
     # a1's agent was killed -9: Ray says its actor died; its machine gets a new agent.
     ended.add("ray-a")
     joined.clear()
     await manager._discover()
-    assert ("ray-a", True) in joined and ("ray-c", True) not in joined
+    assert ("ray-a", 1) in joined and not any(ray_id == "ray-c" for ray_id, _ in joined)
     # Every dead node shows in GET /v1/cluster, under its old id, as dead.
     assert {n.id: n.state for n in manager.nodes.values()} == {
         "a1": DEAD,

@@ -84,7 +84,7 @@ class Directory:
 
     def ended(self, node_id: str) -> None:
         """A dead node's agent ended without fencing itself (killed -9): its machine may
-        have a new agent, which deletes what it left (`NodeAgent`'s successor)."""
+        have a new agent, which deletes what it left (`NodeAgent`'s predecessor)."""
         node = self.nodes.get(node_id)
         if node is not None and node["state"] == DEAD:
             node["ended"] = True

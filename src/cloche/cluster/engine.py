@@ -247,12 +247,13 @@ class Engine:
         secret: str,
         egress_ca: tuple[bytes, bytes] | None,
         data_ca: tuple[bytes, bytes],
-        successor: bool = False,
+        predecessor: int | None = None,
     ) -> Any:
         """The node agent actor of a node, made if there is none (its `start` says its id);
         egress_ca: the cluster's interception CA, when sessions may carry secrets; data_ca:
         the data path's, which issues the agent its certificate (the agent never sees the
-        CA's key); successor: the node's agent before was declared dead (`NodeAgent`)."""
+        CA's key); predecessor: the pid of the node's agent before, declared dead
+        (`NodeAgent`)."""
         _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -278,7 +279,7 @@ class Engine:
             watch_sigterm=True,
             tls=tls,
             membership=DirectoryMembership(self.directory),
-            successor=successor,
+            predecessor=predecessor,
         )
         return handle
 

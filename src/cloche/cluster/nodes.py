@@ -168,10 +168,11 @@ class ClusterNodes(SessionManager):
         linked = {n.ray_id for n in self.nodes.values() if n.state != DEAD}
         unlinked = [r for r in await asyncio.to_thread(self.engine.nodes) if r.ray_id not in linked]
         held_back = await self._held_back(known, {r.ray_id for r in unlinked})
-        had_dead = {n["ray_id"] for n in known if n["state"] == DEAD}
+        # The agent each machine had last, declared dead: its successor cleans what it left.
+        predecessors = {n["ray_id"]: n["pid"] for n in known if n["state"] == DEAD}
         await asyncio.gather(
             *(
-                self._join(ray_node, successor=ray_node.ray_id in had_dead)
+                self._join(ray_node, predecessors.get(ray_node.ray_id))
                 for ray_node in unlinked
                 if ray_node.ray_id not in held_back
             )
@@ -189,7 +190,7 @@ class ClusterNodes(SessionManager):
         """Of the machines (Ray node ids) given, those that get no new agent yet: one of
         theirs was declared dead and may still hold sandboxes. Until it has fenced itself
         (removed all it held, and gone), or Ray says its actor died (killed -9: what it
-        left, its successor cleans)."""
+        left, the next agent cleans)."""
         waiting = [
             entry
             for entry in known
@@ -219,11 +220,11 @@ class ClusterNodes(SessionManager):
             self.engine.agent_ended, entry["ray_id"], handle, ENDED_ASK_S
         )
 
-    async def _join(self, ray_node: RayNode, successor: bool = False) -> None:
-        """Start (or find) a machine's agent and link it; successor: an agent of that
-        machine was declared dead before (the new one deletes what it kept)."""
+    async def _join(self, ray_node: RayNode, predecessor: int | None = None) -> None:
+        """Start (or find) a machine's agent and link it; predecessor: the pid of that
+        machine's agent before, declared dead (the new one cleans what it left)."""
         handle = await asyncio.to_thread(
-            self.engine.agent, ray_node, self._secret, self._egress_ca, self._data_ca, successor
+            self.engine.agent, ray_node, self._secret, self._egress_ca, self._data_ca, predecessor
         )
         try:
             described = await asyncio.wait_for(handle.start.remote(), AGENT_START_S)
