@@ -5,8 +5,11 @@ test_drain_report.py (the real cluster is in test_cluster.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.directory import Directory as RealDirectory
@@ -40,6 +43,9 @@ class Link:
         self.node_id = node_id
         self.closed_why: str | None = None
 
+    def heard(self) -> None:
+        pass
+
     def close(self, why: str) -> None:
         self.closed_why = why
 
@@ -47,6 +53,25 @@ class Link:
 def make_node(node_id: str) -> Node:
     handle = Agent(held=Call(([], [])))
     return Node(node_id, node_id, "127.0.0.1", 7100, 1, handle, Link(node_id), ALIVE, {})
+
+
+async def test_a_node_declared_dead_is_logged_loudly_with_what_to_raise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = ClusterSessionManager(make_config(tmp_path, cluster="local:2", node_deadline_s=30))
+    manager.engine.directory = Directory()
+    manager.nodes = {"a": make_node("a")}
+    manager.nodes["a"].residents = {"s1": "k1", "s2": "k2"}
+    with caplog.at_level(logging.ERROR, logger="cloche.cluster"):
+        manager._link_down(manager.nodes["a"].link, "no answer for 30.4 s")  # type: ignore[arg-type]
+        await asyncio.gather(*manager._background)
+    (record,) = [r for r in caplog.records if "DECLARED DEAD" in r.getMessage()]
+    assert record.levelno == logging.ERROR
+    assert record.getMessage() == (
+        "NODE DECLARED DEAD: node a (127.0.0.1:7100, agent pid 1, alive) is dead for good: "
+        "no answer for 30.4 s; its 2 sessions are told lost, its agent fences itself if it "
+        "comes back. If its machine was only slow (starved of CPU), raise --node-deadline (30 s)"
+    )
 
 
 async def test_a_drain_a_return_and_a_death_are_told_as_node_events(tmp_path: Path) -> None:

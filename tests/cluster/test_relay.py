@@ -269,6 +269,9 @@ class Link:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
 
+    def heard(self) -> None:
+        pass
+
     def close(self, why: str) -> None:
         pass
 

@@ -257,6 +257,7 @@ class ClusterNodes(SessionManager):
             self._link_down,
             self._link_stats,
             tls=self._tls,
+            deadline_s=self.config.node_deadline_s,
         )
         try:
             await link.connect()
@@ -382,7 +383,13 @@ class ClusterNodes(SessionManager):
     def _link_down(self, link: AgentLink, why: str) -> None:
         node = self.nodes.get(link.node_id)
         if node is not None and not self._stopped:
-            log.error("node %s is dead (%s): its sessions are lost", node.id, why)
+            log.error(
+                "NODE DECLARED DEAD: node %s (%s:%d, agent pid %d, %s) is dead for good: %s; "
+                "its %d sessions are told lost, its agent fences itself if it comes back. If "
+                "its machine was only slow (starved of CPU), raise --node-deadline (%g s)",
+                node.id, node.host, node.port, node.pid, node.state, why,
+                len(node.residents), self.config.node_deadline_s,
+            )  # fmt: skip
             self._set_state(node, DEAD, tell=True, why=why)
 
     def _link_stats(self, link: AgentLink, stats: dict[str, Any]) -> None:

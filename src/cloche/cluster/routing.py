@@ -112,6 +112,7 @@ class SessionRouting(ClusterNodes):
         deadline = asyncio.get_running_loop().time() + grace
         await self._set_state(node, DRAINING, tell=True)  # the others stop placing there too
         session_ids, snapshot_ids = await node.handle.held.remote()
+        self._heard(node)
         moved, failed, why = 0, [], {}
         for session_id in session_ids:
             if asyncio.get_running_loop().time() >= deadline:
@@ -145,6 +146,12 @@ class SessionRouting(ClusterNodes):
             "snapshots": copied,
             "snapshots_left": len(snapshot_ids) - copied,
         }
+
+    def _heard(self, node: Node) -> None:
+        """A node's agent answered over Ray (a drain's call): alive, however late its
+        heartbeats are on a starved machine."""
+        if node.link is not None:
+            node.link.heard()
 
     def _node_named(self, name: str) -> Node:
         """The live node of an id, or the one live node at an address."""
@@ -188,10 +195,11 @@ class SessionRouting(ClusterNodes):
             raise TooManySessions("no other node has room")
         raw, image = source.handle.export_session.options(num_returns=2).remote(session_id)
         try:
-            await target.handle.adopt_session.remote(raw, image)
+            await target.handle.adopt_session.remote(raw, image)  # once source exported it
         except BaseException:
             await source.handle.release_session.remote(session_id, False)
             raise
+        self._heard(source)
         await self.engine.directory.place.remote([session_id], target.id)
         self._where[session_id] = target.id
         if session_id in source.residents:
