@@ -341,8 +341,12 @@ class Engine:
             # Ray's raylets started more than the cluster object tracks: the actors' worker
             # processes (given by pid: their titles are "ray::NodeAgent"...) and Ray's own
             # agents (they name our temp dir); each writes its logs there until it exits.
+            # An agent declared dead is not stopped, nor given: it may still be there, or
+            # be ending, holding its state dir (the sweep would pass it by and leave its
+            # sandboxes running), so every worker of this cluster is waited for.
             assert self._temp is not None
-            _wait_gone([*agent_pids, *_processes_naming(self._temp)], AGENT_EXIT_S)
+            ours = [*_processes_naming(self._temp), *_workers_of(self._temp)]
+            _wait_gone([*agent_pids, *ours], AGENT_EXIT_S)
             self.sweep()
             self._local = None
         if self._token is not None:
@@ -454,6 +458,20 @@ def _processes_naming(text: str) -> list[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def _workers_of(temp: str) -> list[int]:
+    """The Ray workers of the local cluster whose temp dir is temp: titled "ray::..." (their
+    command lines name nothing of ours), with RAY_TMPDIR=temp in their environment."""
+    found = []
+    marker = f"RAY_TMPDIR={temp}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                titled = (entry / "cmdline").read_bytes().startswith(b"ray::")
+                if titled and marker in (entry / "environ").read_bytes().split(b"\0"):
                     found.append(int(entry.name))
     return [pid for pid in found if pid != os.getpid()]
 
