@@ -11,7 +11,7 @@ import pytest
 
 from cloche.cluster.directory import ALIVE, DRAINING
 from cloche.cluster.manager import ClusterSessionManager
-from cloche.cluster.nodes import Node
+from cloche.cluster.members import Node
 from cloche.errors import NodeNotFound
 from support import make_config
 

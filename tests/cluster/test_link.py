@@ -159,9 +159,13 @@ async def test_an_agent_whose_heartbeats_are_late_but_that_answers_is_not_down(
     requests (or the front end hears from it over Ray): slow, not dead. Once silent for the
     deadline, it is down, and says how long it was silent and how its heartbeats went."""
     _, agent, port = served
-    link, downs = await connect(port)
-    while len(link.round_trips) < 2:  # heartbeats answered at first
-        await asyncio.sleep(0.05)
+    answered = asyncio.Event()
+    downs = Downs()
+    link = AgentLink("node-a", "127.0.0.1", port, SECRET, downs, lambda link, stats: answered.set())
+    await link.connect()
+    for _ in range(2):  # heartbeats answered at first
+        answered.clear()
+        await asyncio.wait_for(answered.wait(), 30)
     link.deadline_s = 0.5
     agent.stats_hang = True
     clock = asyncio.get_running_loop().time

@@ -14,7 +14,7 @@ import pytest
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.directory import Directory as RealDirectory
 from cloche.cluster.manager import ClusterSessionManager
-from cloche.cluster.nodes import Node
+from cloche.cluster.members import Node
 from cloche.sessions.observer import Observer
 from support import make_config
 

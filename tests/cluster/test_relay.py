@@ -16,7 +16,7 @@ from cloche.cluster.agent import NodeAgent
 from cloche.cluster.directory import ALIVE, DEAD
 from cloche.cluster.link import AgentLink, AgentServer
 from cloche.cluster.manager import ClusterSessionManager
-from cloche.cluster.nodes import Node
+from cloche.cluster.members import Node
 from cloche.cluster.relay import Outbox, relay
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.observer import Observer

@@ -14,7 +14,8 @@ from typing import Any
 
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.link import LinkDown
-from cloche.cluster.nodes import ClusterNodes, Node, node_failed
+from cloche.cluster.members import Node, node_failed
+from cloche.cluster.nodes import ClusterNodes
 from cloche.cluster.placement import choose
 from cloche.errors import (
     NodeNotFound,
