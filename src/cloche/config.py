@@ -164,6 +164,16 @@ class ServerConfig:
     # A drain (a node's pod leaving: its preStop) moves sessions for this long at most; what
     # is left is reported failed. Fits Kubernetes' default grace of 30 s.
     node_grace_s: float = 25.0
+    # A node whose agent answers nothing on the data path (heartbeats every 0.5 s, or any
+    # other reply) for this long is declared dead, for good. Chosen from heartbeats measured
+    # on 2 shared cores starved by CPU hogs (benchmarks/bench_heartbeats.py, results in
+    # benchmarks/results/heartbeats.md): idle, round trips up to 0.65 s; 16 hogs (load
+    # 19-29), up to 5.96 s (p99 5.93 s) and 6.47 s between two answers, 7.15 s while a drain
+    # ran (load 39-68); 32 hogs (load 45-69), up to 14.7 s and 15.2 s between two answers
+    # while a drain ran. 30 s is twice the worst; the old 5 s took a live, starved agent for
+    # dead mid-drain at a load of 16-18. A frozen machine is declared dead this late; a
+    # killed agent at once (its connection ends).
+    node_deadline_s: float = 30.0
     # Join a Ray cluster that does not enforce token authentication (with a warning).
     cluster_insecure: bool = False
     # Events (GET /v1/events, webhooks): the last this many are kept for Last-Event-ID,

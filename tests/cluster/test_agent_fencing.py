@@ -116,14 +116,22 @@ async def test_a_machine_gets_a_new_agent_only_once_its_dead_one_fenced_itself(
     manager = front_end(tmp_path, directory)
     machines = [RayNode(f"ray-{x}", "127.0.0.1", i) for i, x in enumerate("abcde")]
     manager.engine.nodes = lambda: machines  # type: ignore[method-assign]
-    joined: list[str] = []
+    ended: set[str] = set()  # the ray ids whose agents Ray says died
+    manager.engine.agent_ended = lambda ray_id, *_: ray_id in ended  # type: ignore[method-assign]
+    joined: list[tuple[str, int | None]] = []
 
-    async def join(ray_node: RayNode) -> None:
-        joined.append(ray_node.ray_id)
+    async def join(ray_node: RayNode, predecessor: int | None = None) -> None:
+        joined.append((ray_node.ray_id, predecessor))
 
     manager._join = join  # type: ignore[method-assign]
     await manager._discover()
-    assert sorted(joined) == ["ray-b", "ray-d", "ray-e"]
+    # A successor cleans what its dead predecessor (by its pid) left; a first agent, not.
+    assert sorted(joined) == [("ray-b", 1), ("ray-d", None), ("ray-e", None)]
+    # a1's agent was killed -9: Ray says its actor died; its machine gets a new agent.
+    ended.add("ray-a")
+    joined.clear()
+    await manager._discover()
+    assert ("ray-a", 1) in joined and not any(ray_id == "ray-c" for ray_id, _ in joined)
     # Every dead node shows in GET /v1/cluster, under its old id, as dead.
     assert {n.id: n.state for n in manager.nodes.values()} == {
         "a1": DEAD,

@@ -274,7 +274,7 @@ def test_a_node_given_sigterm_answers_lost_never_killed_or_not_found(cluster) ->
         assert back.json() == {"node": drained["id"], "state": "alive"}
         assert http.post("/v1/cluster/nodes/no-such-node/resume").status_code == 404
         alive = [n for n in nodes(http).values() if n["state"] == "alive"]
-        assert len(alive) == 2
+        assert len(alive) >= 2  # and the killed node's machine, once its new agent is up
         ids = [new_session(http, f"x = {i}") for i in range(8)]
         wait_for(lambda: held(http) == 8, "every node to report its sessions")
         victim = max(nodes(http).values(), key=lambda node: node["sessions"])

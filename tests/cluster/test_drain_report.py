@@ -11,7 +11,7 @@ import pytest
 
 from cloche.cluster.directory import ALIVE, DRAINING
 from cloche.cluster.manager import ClusterSessionManager
-from cloche.cluster.nodes import Node
+from cloche.cluster.members import Node
 from cloche.errors import NodeNotFound
 from support import make_config
 
@@ -57,9 +57,19 @@ class Directory:
         return Call()
 
 
+class Link:
+    """A live node's data path: a drain only tells it the node answered (over Ray)."""
+
+    def __init__(self) -> None:
+        self.heard_times = 0
+
+    def heard(self) -> None:
+        self.heard_times += 1
+
+
 def node(node_id: str, handle: Agent) -> Node:
     stats = {"sessions": 0, "max_sessions": 10, "memory_available_bytes": 1 << 30}
-    link: Any = object()  # a live node has a data path; the drain does not use it
+    link: Any = Link()
     return Node(node_id, node_id, "127.0.0.1", 1, 1, handle, link, ALIVE, stats)
 
 
@@ -77,6 +87,8 @@ async def test_a_move_done_before_its_source_died_counts_as_moved(tmp_path: Path
     report = await manager.drain("a")
     assert report["moved"] == 2 and report["failed"] == [] and report["why"] == {}
     assert manager.nodes["a"].state == DRAINING
+    # Each answer of the source over Ray (its list, each export) says it lives.
+    assert manager.nodes["a"].link.heard_times == 3  # type: ignore[union-attr]
     back = await manager.undrain("a")
     assert back == {"node": "a", "state": ALIVE} and manager.nodes["a"].state == ALIVE
 

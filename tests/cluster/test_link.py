@@ -150,3 +150,34 @@ async def test_an_agent_that_stops_answering_heartbeats_is_declared_down(
     await asyncio.wait_for(downs.event.wait(), 30)
     assert "heartbeat" in downs.why[0]
     assert link.down is not None
+
+
+async def test_an_agent_whose_heartbeats_are_late_but_that_answers_is_not_down(
+    served, monkeypatch
+) -> None:
+    """A starved machine: its heartbeats come later than the deadline, but it answers other
+    requests (or the front end hears from it over Ray): slow, not dead. Once silent for the
+    deadline, it is down, and says how long it was silent and how its heartbeats went."""
+    _, agent, port = served
+    answered = asyncio.Event()
+    downs = Downs()
+    link = AgentLink("node-a", "127.0.0.1", port, SECRET, downs, lambda link, stats: answered.set())
+    await link.connect()
+    for _ in range(2):  # heartbeats answered at first
+        answered.clear()
+        await asyncio.wait_for(answered.wait(), 30)
+    link.deadline_s = 0.5
+    agent.stats_hang = True
+    clock = asyncio.get_running_loop().time
+    for keep_alive in ("another answer", "heard over Ray"):
+        began = clock()
+        while clock() - began < 2.0:  # four deadlines of late heartbeats
+            if keep_alive == "another answer":
+                assert await link.call("echo", {"value": 1, "events": 0}) == 1
+            else:
+                link.heard()
+            await asyncio.sleep(0.1)  # the pace of what keeps it alive, not a wait
+        assert link.down is None and downs.why == [], keep_alive
+    await asyncio.wait_for(downs.event.wait(), 30)  # then silent: down
+    assert downs.why[0].startswith("no answer for ")
+    assert "(--node-deadline 0.5 s; its last heartbeats took 0.0" in downs.why[0]

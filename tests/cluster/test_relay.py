@@ -16,7 +16,7 @@ from cloche.cluster.agent import NodeAgent
 from cloche.cluster.directory import ALIVE, DEAD
 from cloche.cluster.link import AgentLink, AgentServer
 from cloche.cluster.manager import ClusterSessionManager
-from cloche.cluster.nodes import Node
+from cloche.cluster.members import Node
 from cloche.cluster.relay import Outbox, relay
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.observer import Observer
@@ -78,6 +78,20 @@ async def test_a_full_outbox_drops_its_oldest_counting_those_no_front_end_took()
     assert numbers(await outbox.since(2)) == [5, 6, 7]  # from the oldest still kept
 
 
+async def test_each_event_is_given_out_once_for_each_webhook_receiver() -> None:
+    """Front ends that name a receiver in their polls: the first to take an event delivers
+    it there; the others take it too (for their streams), not for that receiver."""
+    outbox = Outbox(100)
+    fill(outbox, "s1", "s2", "s3")
+    first = await outbox.since(0, limit=2, claim=["hook-a"])
+    assert numbers(first) == [1, 2] and first["claimed"] == {"hook-a": 0}
+    second = await outbox.since(0, claim=["hook-a", "hook-b"])  # another front end
+    assert numbers(second) == [1, 2, 3] and second["claimed"] == {"hook-a": 2, "hook-b": 0}
+    again = await outbox.since(2, claim=["hook-a"])  # the first, further on
+    assert numbers(again) == [3] and again["claimed"] == {"hook-a": 3}
+    assert "claimed" not in await outbox.since(0)  # a front end without webhooks
+
+
 # -- the front end's relay, over the data path --------------------------------------------
 
 
@@ -111,12 +125,19 @@ class Heard:
 
     def __init__(self) -> None:
         self.told: list[Told] = []
+        self.webhooks: list[frozenset[str] | None] = []  # the receivers each was given for
         self.news = asyncio.Event()
 
     def __call__(
-        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+        self,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> None:
         self.told.append((kind, session_id, owner_key, data))
+        self.webhooks.append(webhooks)
         self.news.set()
 
     async def until(self, count: int) -> list[str | None]:
@@ -156,6 +177,28 @@ async def test_a_relay_tells_each_event_once_in_order_from_what_none_took(served
     assert len(first.told) == 602 and len(second.told) == 600
     for link in (first_link, second_link):
         link.close()
+
+
+async def test_two_relays_naming_one_webhook_are_each_given_each_event_for_it_once(
+    served,
+) -> None:
+    agent, port = served
+    links = [await connect(port) for _ in range(2)]
+    heard = [Heard(), Heard()]
+    relaying = [
+        asyncio.create_task(relay(link, 0, sink, frozenset({"hook", f"own-{i}"})))
+        for i, (link, sink) in enumerate(zip(links, heard, strict=True))
+    ]
+    fill(agent.outbox, *(f"s{n}" for n in range(300)))
+    for sink in heard:  # both tell every event, in order
+        assert await sink.until(300) == [f"s{n}" for n in range(300)]
+    for n in range(300):  # the shared receiver gets it from one; each its own from itself
+        given = [sink.webhooks[n] for sink in heard]
+        assert [g is not None and "hook" in g for g in given].count(True) == 1, n
+        assert [g is not None and f"own-{i}" in g for i, g in enumerate(given)] == [True] * 2
+    for link in links:
+        link.close()
+    await asyncio.wait_for(asyncio.gather(*relaying), 30)
 
 
 async def test_a_relay_says_how_many_events_it_missed_and_goes_on(served, caplog) -> None:
@@ -209,7 +252,12 @@ class Watcher(Observer):
         self.ends: list[tuple[str, str]] = []
 
     def event(
-        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+        self,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> None:
         self.events.append((kind, session_id, owner_key, data))
 
@@ -220,6 +268,9 @@ class Watcher(Observer):
 class Link:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
+
+    def heard(self) -> None:
+        pass
 
     def close(self, why: str) -> None:
         pass

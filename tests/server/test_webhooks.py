@@ -367,6 +367,32 @@ async def test_a_tenants_receiver_gets_only_its_sessions_events(hooks, receiver)
         other.close()
 
 
+async def test_an_event_for_some_receivers_goes_to_those_alone(hooks, receiver):
+    """A cluster front end names the receivers whose delivery it claimed (another front end
+    delivers it to the rest); an event that names none goes to every receiver."""
+    other = Receiver()
+    other.up()
+    try:
+        claimed = hooks.add_receiver(receiver.url, SECRET)
+        unclaimed = hooks.add_receiver(other.url, SECRET)
+        assert claimed.id != unclaimed.id and hooks.ids() == {claimed.id, unclaimed.id}
+        # The same URL and owner make the same id on every front end; another owner, not.
+        assert Webhooks().add_receiver(receiver.url, make_secret()).id == claimed.id
+        assert Webhooks().add_receiver(receiver.url, SECRET, owner_key("t")).id != claimed.id
+        hooks.start()
+        bus = bus_for(hooks)
+        bus.publish("cell.finished", "s1", None, {}, frozenset({claimed.id}))
+        bus.publish("cell.finished", "s2", None, {}, frozenset())  # another's, everywhere
+        bus.publish("cell.finished", "s3", None, {})  # this server's own: for all
+        assert await asyncio.to_thread(receiver.wait_accepted, 2)
+        assert await asyncio.to_thread(other.wait_accepted, 1)
+        await hooks.stop()  # what was queued is delivered first
+        assert [e["session_id"] for e in receiver.accepted_events()] == ["s1", "s3"]
+        assert [e["session_id"] for e in other.accepted_events()] == ["s3"]
+    finally:
+        other.close()
+
+
 async def test_stopping_cancels_delivery_and_counts_what_was_left(counts):
     stuck = Receiver()
     stuck.hang = True

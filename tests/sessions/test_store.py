@@ -79,3 +79,22 @@ def test_the_budget_counts_sessions_and_snapshots_not_templates_beside_them(tmp_
         store.reserve(700)
     finally:
         store.close()
+
+
+def test_forgetting_all_deletes_every_session_and_snapshot_and_nothing_beside(tmp_path):
+    """What a cluster node's successor does with what its killed predecessor kept."""
+    store = Store(tmp_path / "data", budget_bytes=10**9)
+    store.open()
+    try:
+        store.save(record())
+        (store.session_dir("a" * 32) / "image").write_bytes(b"x" * 1000)
+        store.snapshot_dir("s" * 32).mkdir()
+        (store.snapshot_dir("s" * 32) / "image").write_bytes(b"y" * 1000)
+        (tmp_path / "data" / "templates").mkdir()
+        store.used_bytes = 2000
+        store.forget_all()
+        assert store.session_records() == [] and store.snapshot_records() == []
+        assert list(store.sessions.iterdir()) == list(store.snapshots.iterdir()) == []
+        assert store.used_bytes == 0 and (tmp_path / "data" / "templates").is_dir()
+    finally:
+        store.close()

@@ -24,6 +24,7 @@ import faulthandler
 import itertools
 import logging
 import os
+import select
 import signal
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import asdict
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cloche.cluster.command_requests import CommandRequests
 from cloche.cluster.directory import DEAD
 from cloche.cluster.link import AgentServer
-from cloche.cluster.relay import EventSink, Outbox, Told
+from cloche.cluster.relay import Outbox, Told
 from cloche.cluster.requests import SessionRequests
 from cloche.cluster.tls import AgentTLS
 from cloche.config import ServerConfig
@@ -42,7 +43,7 @@ from cloche.llm.broker import Broker
 from cloche.sandbox.registry import create_backend
 from cloche.sessions.kernel import EventCallback
 from cloche.sessions.local import LocalSessionManager
-from cloche.sessions.observer import Observer
+from cloche.sessions.observer import EventSink, Observer
 from cloche.sessions.store import RecordState, SessionRecord, SnapshotRecord
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("cloche.cluster")
 MEMBERSHIP_CHECK_S = 1.0  # how often an agent asks the directory whether it was declared dead
 MEMBERSHIP_WAIT_S = 10.0  # an answer slower than this (Ray busy, a partition): asked again
+# A successor's wait for its predecessor's process to end (a Ray worker given SIGTERM is
+# dead to Ray as it starts finalizing, while it still holds its state directory).
+PREDECESSOR_END_S = 60.0
 
 
 def memory_available_bytes() -> int:
@@ -77,6 +81,20 @@ def _node_egress(
     audit = config.egress_audit or config.data_dir / "egress" / "audit.jsonl"
     report = getattr(figures, "egress_record", None)
     return Egress.load(config.egress_policy, audit, report, config.egress_secrets, ca)
+
+
+def wait_ended(pid: int, timeout_s: float) -> bool:
+    """Wait (blocking) for a process of this machine, not a child of this one, to end;
+    whether it did within timeout_s."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ended, _, _ = select.select([handle], [], [], timeout_s)
+        return bool(ended)
+    finally:
+        os.close(handle)
 
 
 def _watch_sigterm(agent: NodeAgent) -> None:
@@ -143,9 +161,14 @@ class NodeAgent(SessionRequests, CommandRequests):
         watch_sigterm: bool = False,
         tls: AgentTLS | None = None,
         membership: Membership | None = None,
+        predecessor: int | None = None,
     ) -> None:
         """membership: where the agent learns that it was declared dead (none: it never
-        fences itself, as in tests of the data path)."""
+        fences itself, as in tests of the data path); predecessor: the pid of this
+        machine's agent before, declared dead: this one waits for that process to end,
+        then its start cleans what it left (sandboxes, mounts, cgroups: one killed or
+        ended by Ray did not stop) and deletes what it kept in --data-dir (paused sessions,
+        snapshots: told lost)."""
         self.config = config
         self.node_id = node_id
         self.host = host
@@ -180,6 +203,7 @@ class NodeAgent(SessionRequests, CommandRequests):
         self.leaving: str | None = None
         self._watch_sigterm = watch_sigterm  # in a process of its own (a Ray actor's)
         self._membership = membership
+        self._predecessor = predecessor
         self._watching: asyncio.Task[None] | None = None
         # Why the cluster declared this node dead, once the agent learnt it (it fences).
         self.fenced: str | None = None
@@ -194,11 +218,26 @@ class NodeAgent(SessionRequests, CommandRequests):
     async def _start(self) -> None:
         if self._watch_sigterm:
             _watch_sigterm(self)
-        await self.manager.start()
+        if self._predecessor is not None and self._predecessor != os.getpid():  # not reused
+            await self._outlive(self._predecessor)
+        # The manager's start cleans what an ended predecessor left (its runsc, mounts and
+        # cgroups, as a restarted server's does); a successor's forgets its sessions too.
+        await self.manager.start(forget=self._predecessor is not None)
         self.port = await self.server.start(self.host, self.config.cluster_agent_port)
         log.info("node agent %s serving on %s:%d", self.node_id, self.host, self.port)
         if self._membership is not None:
             self._watching = asyncio.create_task(self._watch_membership(self._membership))
+
+    async def _outlive(self, pid: int) -> None:
+        """Wait for this machine's agent before to end: until then it holds its state
+        directory, and what it left there can't be cleaned."""
+        log.info("node agent %s: waiting for its predecessor (pid %d) to end", self.node_id, pid)
+        if not await asyncio.to_thread(wait_ended, pid, PREDECESSOR_END_S):
+            log.error(
+                "node agent %s: its predecessor (pid %d) has not ended in %g s: what it left "
+                "stays until the next agent's start (or a local cluster's stop)",
+                self.node_id, pid, PREDECESSOR_END_S,
+            )  # fmt: skip
 
     async def _watch_membership(self, membership: Membership) -> None:
         """Ask the directory, every MEMBERSHIP_CHECK_S, whether this node was declared dead
@@ -241,9 +280,15 @@ class NodeAgent(SessionRequests, CommandRequests):
             self._membership.exit()
 
     def _tell(
-        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+        self,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> None:
-        """An event of this node's sessions, kept for the front ends (it never waits)."""
+        """An event of this node's sessions, kept for the front ends (it never waits; the
+        front ends deliver it to webhooks, as `events_since` shares it out)."""
         gone = self.leaving or self.fenced
         if gone is not None and kind == "session.closed":
             # Its sandbox died because the node is going: lost with its node, as its
@@ -355,10 +400,16 @@ class NodeAgent(SessionRequests, CommandRequests):
         return {"seq": self.manager.ended_seq, "ids": self.manager.ended_since(seq)}
 
     async def _op_events_since(
-        self, on_event: EventCallback, seq: int, limit: int, wait_s: float
+        self,
+        on_event: EventCallback,
+        seq: int,
+        limit: int,
+        wait_s: float,
+        claim: list[str] | None = None,
     ) -> dict[str, Any]:
-        """This node's events after number seq, for a front end's bus (a long poll)."""
-        return await self.outbox.since(seq, limit, wait_s)
+        """This node's events after number seq, for a front end's bus (a long poll), and
+        which of them are its to deliver to the webhook receivers it names in claim."""
+        return await self.outbox.since(seq, limit, wait_s, claim or ())
 
     async def _op_holds(self, on_event: EventCallback, session_id: str) -> bool:
         """Whether this node holds the session, whoever owns it (a front end looking for it)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from cloche.cluster import codec
 from cloche.cluster.link import LinkDown
-from cloche.cluster.nodes import node_failed
+from cloche.cluster.members import node_failed
 from cloche.cluster.routing import SessionRouting
 from cloche.errors import ProcessError
 from cloche.sessions.commands import CommandResult, CommandSpec, EventSink

@@ -7,6 +7,10 @@ again when an agent says a session moved. A node, once dead, stays dead here: a 
 on the same machine joins under a new id, and sessions of the old one stay lost. A dead
 node's agent that comes back (it was frozen, or cut off) learns its verdict here, removes
 all it held and says so (`fenced`); only then may its machine have a new agent.
+
+Each change of a node's state is numbered (its `turn`), so that the front ends, each of
+which tells it as an event, can claim its delivery to each webhook receiver here, once
+(`claim`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ class Directory:
         self.snapshots: dict[str, str] = {}
         self.egress_ca: tuple[bytes, bytes] | None = None
         self.data_ca: tuple[bytes, bytes] | None = None
+        # Of each event told by the front ends (a node's change, a session lost with its
+        # node), the webhook receivers a front end has claimed its delivery to.
+        self.claimed: dict[str, set[str]] = {}
 
     def cluster_secret(self) -> str:
         return self.secret
@@ -58,8 +65,8 @@ class Directory:
         """A node agent, as it describes itself ({"id", "host", "port", "pid", ...}); its
         state here (dead: a front end must not link to it)."""
         known = self.nodes.get(node["id"]) or {}
-        self.nodes[node["id"]] = {**known, **node, "state": known.get("state", ALIVE)}
-        state: str = self.nodes[node["id"]]["state"]
+        state: str = known.get("state", ALIVE)
+        self.nodes[node["id"]] = {**known, **node, "state": state, "turn": known.get("turn", 0)}
         return state
 
     def node_state(self, node_id: str) -> str | None:
@@ -75,14 +82,37 @@ class Directory:
         if node is not None and node["state"] == DEAD:
             node["fenced"] = True
 
+    def ended(self, node_id: str) -> None:
+        """A dead node's agent ended without fencing itself (killed -9): its machine may
+        have a new agent, which deletes what it left (`NodeAgent`'s predecessor)."""
+        node = self.nodes.get(node_id)
+        if node is not None and node["state"] == DEAD:
+            node["ended"] = True
+
     def all_nodes(self) -> list[dict[str, Any]]:
         return list(self.nodes.values())
 
-    def set_state(self, node_id: str, state: str) -> None:
-        """Mark a node draining or dead (dead is for good), or alive again after a drain."""
+    def set_state(self, node_id: str, state: str) -> int | None:
+        """Mark a node draining or dead (dead is for good), or alive again after a drain;
+        the turn of its state now (None: no such node)."""
         node = self.nodes.get(node_id)
-        if node is not None and node["state"] != DEAD:
+        if node is None:
+            return None
+        if node["state"] != DEAD and node["state"] != state:
             node["state"] = state
+            node["turn"] = node.get("turn", 0) + 1
+        turn: int = node.get("turn", 0)
+        return turn
+
+    def claim(self, events: list[str], receivers: list[str]) -> list[list[str]]:
+        """For each event (named alike by every front end that tells it), the receivers of
+        those given that no front end has claimed it for before: the caller's to deliver."""
+        answers = []
+        for event in events:
+            claimed = self.claimed.setdefault(event, set())
+            answers.append([r for r in receivers if r not in claimed])
+            claimed.update(receivers)
+        return answers
 
     def place(self, session_ids: list[str], node_id: str) -> None:
         for session_id in session_ids:

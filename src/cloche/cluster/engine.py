@@ -25,10 +25,10 @@ from typing import Any
 from cloche.cluster import ray_auth
 from cloche.cluster.agent import NodeAgent, NodeFigures
 from cloche.cluster.directory import Directory
-from cloche.cluster.relay import EventSink
 from cloche.cluster.tls import AgentTLS
 from cloche.config import MIB, ServerConfig
 from cloche.errors import ClocheError, ConfigError
+from cloche.sessions.observer import EventSink
 
 log = logging.getLogger("cloche.cluster")
 
@@ -247,11 +247,13 @@ class Engine:
         secret: str,
         egress_ca: tuple[bytes, bytes] | None,
         data_ca: tuple[bytes, bytes],
+        predecessor: int | None = None,
     ) -> Any:
         """The node agent actor of a node, made if there is none (its `start` says its id);
         egress_ca: the cluster's interception CA, when sessions may carry secrets; data_ca:
         the data path's, which issues the agent its certificate (the agent never sees the
-        CA's key)."""
+        CA's key); predecessor: the pid of the node's agent before, declared dead
+        (`NodeAgent`)."""
         _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -260,7 +262,7 @@ class Engine:
         node_id = f"{node.ray_id[:12]}-{secrets.token_hex(3)}"
         tls = AgentTLS.issue(data_ca, node_id, node.ip)
         handle = self._agent_class.options(
-            name=f"cloche-agent-{node.ray_id}",
+            name=agent_name(node.ray_id),
             lifetime="detached",
             get_if_exists=True,
             num_cpus=0,
@@ -277,8 +279,27 @@ class Engine:
             watch_sigterm=True,
             tls=tls,
             membership=DirectoryMembership(self.directory),
+            predecessor=predecessor,
         )
         return handle
+
+    def agent_ended(self, ray_id: str, handle: Any, timeout_s: float) -> bool:
+        """Whether the agent of a Ray node (its actor's handle, if one is held) has ended
+        for good: Ray says its actor died, or no agent is named for that node. False while
+        it may live (a frozen agent does not answer within timeout_s; blocking)."""
+        ray = _ray()
+        if handle is None:
+            try:
+                handle = ray.get_actor(agent_name(ray_id), namespace=NAMESPACE)
+            except ValueError:  # none: a dead actor's name is free
+                return True
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.ActorDiedError:
+            return True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False  # unavailable for now, or frozen: not known to be gone
+        return False  # it answers: it learns its verdict and fences itself
 
     def node_config(self, node: RayNode) -> ServerConfig:
         """A node agent's settings: the front end's, with (on one machine) its own dirs."""
@@ -320,8 +341,12 @@ class Engine:
             # Ray's raylets started more than the cluster object tracks: the actors' worker
             # processes (given by pid: their titles are "ray::NodeAgent"...) and Ray's own
             # agents (they name our temp dir); each writes its logs there until it exits.
+            # An agent declared dead is not stopped, nor given: it may still be there, or
+            # be ending, holding its state dir (the sweep would pass it by and leave its
+            # sandboxes running), so every worker of this cluster is waited for.
             assert self._temp is not None
-            _wait_gone([*agent_pids, *_processes_naming(self._temp)], AGENT_EXIT_S)
+            ours = [*_processes_naming(self._temp), *_workers_of(self._temp)]
+            _wait_gone([*agent_pids, *ours], AGENT_EXIT_S)
             self.sweep()
             self._local = None
         if self._token is not None:
@@ -332,6 +357,11 @@ class Engine:
             _remove_ended_temps()
             os.environ.pop("RAY_TMPDIR", None)
             self._temp = None
+
+
+def agent_name(ray_id: str) -> str:
+    """The name of the agent actor of a Ray node (one at a time: freed when it dies)."""
+    return f"cloche-agent-{ray_id}"
 
 
 class DirectoryMembership:
@@ -428,6 +458,20 @@ def _processes_naming(text: str) -> list[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def _workers_of(temp: str) -> list[int]:
+    """The Ray workers of the local cluster whose temp dir is temp: titled "ray::..." (their
+    command lines name nothing of ours), with RAY_TMPDIR=temp in their environment."""
+    found = []
+    marker = f"RAY_TMPDIR={temp}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                titled = (entry / "cmdline").read_bytes().startswith(b"ray::")
+                if titled and marker in (entry / "environ").read_bytes().split(b"\0"):
                     found.append(int(entry.name))
     return [pid for pid in found if pid != os.getpid()]
 

@@ -10,9 +10,11 @@ agent over this link, framed as the TCP protocol is (4-byte length + JSON)::
     agent -> front end   {"id": N, "event": {...}}                a cell's output, as it happens
     agent -> front end   {"id": N, "ok": VALUE} | {"id": N, "error": {"type", "message", ...}}
 
-The front end sends a heartbeat request every HEARTBEAT_S; a link that answers nothing for
-DEADLINE_S, or whose connection ends, is down for good (its node is declared dead: a node
-that comes back later is not trusted again).
+The front end sends a heartbeat request HEARTBEAT_S after each answer; a link that answers
+nothing at all (no heartbeat, no other reply, nothing else the front end heard from its
+agent: `heard`) for its deadline (--node-deadline), or whose connection ends, is down for
+good (its node is declared dead: a node that comes back later is not trusted again). A
+starved machine's agent answers late, not never: the deadline outlasts what was measured.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import itertools
 import logging
 import socket
 import ssl
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,9 +42,11 @@ log = logging.getLogger("cloche.cluster")
 
 MAX_FRAME_BYTES = 1 << 30  # a frame carries at most one file of a working directory, base64
 HEARTBEAT_S = 0.5
-# No answer for this long: the node is dead, for good. A killed agent is seen at once (its
+# No answer for this long: the node is dead, for good (the default of --node-deadline, and
+# why it is 30 s: `ServerConfig.node_deadline_s`). A killed agent is seen at once (its
 # connection ends); this is for a machine that froze, and must not mistake a loaded one.
-DEADLINE_S = 5.0
+DEADLINE_S = 30.0
+ROUND_TRIPS_KEPT = 8  # the last heartbeats' round trips, told when a node is declared dead
 CONNECT_TIMEOUT_S = 5.0
 
 Handler = Callable[[str, dict[str, Any], EventCallback], Awaitable[Any]]
@@ -174,10 +180,15 @@ class AgentLink:
         on_down: Callable[[AgentLink, str], None],
         on_stats: Callable[[AgentLink, dict[str, Any]], None],
         tls: ssl.SSLContext | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         """tls: the front end's side of mutual TLS (`cluster.tls.front_end_context`): the
-        agent must show the certificate of node_id. None only in unit tests."""
+        agent must show the certificate of node_id. None only in unit tests. deadline_s:
+        how long it may answer nothing before it is down (--node-deadline; DEADLINE_S)."""
         self.node_id = node_id
+        self.deadline_s = DEADLINE_S if deadline_s is None else deadline_s
+        self.heard_at = time.monotonic()  # when its agent last answered anything
+        self.round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)  # heartbeats', s
         self._tls = tls
         self.host = host
         self.port = port
@@ -211,6 +222,7 @@ class AgentLink:
             writer.close()
             raise LinkDown(f"node {self.node_id} refused the cluster's secret")
         self.greeting = hello
+        self.heard_at = time.monotonic()
         self._writer = writer
         self._tasks = [
             asyncio.create_task(self._listen(reader), name=f"link-{self.node_id}"),
@@ -260,6 +272,10 @@ class AgentLink:
             if task is not current:
                 task.cancel()
 
+    def heard(self) -> None:
+        """Its agent answered the front end another way (a drain's call over Ray): alive."""
+        self.heard_at = time.monotonic()
+
     def _fail(self, why: str) -> None:
         if self.down is None:
             log.warning("node %s is down: %s", self.node_id, why)
@@ -270,6 +286,7 @@ class AgentLink:
         why = "its connection closed"
         try:
             while (body := await read_body(reader, MAX_FRAME_BYTES)) is not None:
+                self.heard_at = time.monotonic()
                 message = decode_body(body)
                 waiting = self._waiting.get(message.get("id"))  # type: ignore[arg-type]
                 if waiting is None:
@@ -290,12 +307,21 @@ class AgentLink:
 
     async def _heartbeat(self) -> None:
         while self.down is None:
+            began = time.monotonic()
             try:
-                stats = await self.call("stats", timeout_s=DEADLINE_S)
+                stats = await self.call("stats", timeout_s=self.deadline_s)
             except TimeoutError:
-                self._fail(f"no answer to a heartbeat in {DEADLINE_S:g} s")
+                silent_s = time.monotonic() - self.heard_at
+                if silent_s < self.deadline_s:
+                    continue  # it answered something else meanwhile: slow, not gone
+                trips = ", ".join(f"{trip:.2f}" for trip in self.round_trips)
+                self._fail(
+                    f"no answer for {silent_s:.1f} s (--node-deadline {self.deadline_s:g} s; "
+                    + (f"its last heartbeats took {trips} s)" if trips else "no heartbeat yet)")
+                )
                 return
             except LinkDown:
                 return
+            self.round_trips.append(time.monotonic() - began)
             self._on_stats(self, stats)
             await asyncio.sleep(HEARTBEAT_S)

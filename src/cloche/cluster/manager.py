@@ -26,7 +26,7 @@ from cloche.cluster import codec
 from cloche.cluster.commands import ClusterCommands
 from cloche.cluster.directory import ALIVE
 from cloche.cluster.link import LinkDown
-from cloche.cluster.nodes import Node, node_failed
+from cloche.cluster.members import Node, node_failed
 from cloche.cluster.placement import choose
 from cloche.errors import (
     ClocheError,

@@ -1,10 +1,12 @@
 """The cluster's nodes as one front end holds them: each node agent (`Node`) started or
 found, linked over the data path, its events relayed (`cluster/relay.py`), watched, and
 declared dead for good when its link goes down (its sessions then say they were lost, and
-are told closed, `node_lost`).
+are told closed, `node_lost`: `cluster/members.py`). A machine whose agent was declared dead
+gets a new one once the old one is gone (it fenced itself, or Ray says it died).
 
-The first layer of `ClusterSessionManager` (`cluster/manager.py`); where each session is,
-and moving sessions off a draining node, is the next layer's (`cluster/routing.py`).
+A layer of `ClusterSessionManager` (`cluster/manager.py`), over `cluster/members.py`; where
+each session is, and moving sessions off a draining node, is the next layer's
+(`cluster/routing.py`).
 """
 
 from __future__ import annotations
@@ -16,19 +18,18 @@ import functools
 import logging
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from cloche.cluster.agent import NodeFigures
-from cloche.cluster.directory import ALIVE, DEAD, DRAINING
+from cloche.cluster.directory import ALIVE, DEAD
 from cloche.cluster.engine import Engine, RayNode
 from cloche.cluster.link import AgentLink, LinkDown
-from cloche.cluster.relay import EventSink, relay
+from cloche.cluster.members import Members, Node
+from cloche.cluster.relay import relay
 from cloche.cluster.tls import front_end_context
 from cloche.config import ServerConfig
-from cloche.errors import ClocheError, ConfigError, SessionLost
-from cloche.sessions.manager import SessionManager
-from cloche.sessions.observer import Observer
+from cloche.errors import ClocheError, ConfigError
+from cloche.sessions.observer import EventSink, Observer
 
 log = logging.getLogger("cloche.cluster")
 
@@ -36,57 +37,10 @@ WATCH_S = 2.0  # how often the front end looks for new nodes and others' verdict
 AGENT_START_S = 300.0  # a node agent's start (its pools fill first)
 AGENT_STOP_S = 120.0  # a node agent pausing its sessions at the cluster's stop
 METRICS_WAIT_S = 2.0  # a node slower than this to give its figures is left out of a scrape
-LOST_WAIT_S = 5.0  # a dead node's last events, then the directory, before its losses are told
+ENDED_ASK_S = 1.0  # Ray, whether a dead node's agent ended (a frozen one does not answer)
 
 
-def node_failed(session_id: str) -> SessionLost:
-    """What a request about a session whose node failed raises."""
-    lost = SessionLost(session_id)
-    lost.args = (f"Session {session_id} was lost: its node failed",)
-    return lost
-
-
-@dataclass
-class Node:
-    """A node agent as this front end sees it."""
-
-    id: str
-    ray_id: str
-    host: str
-    port: int
-    pid: int
-    handle: Any  # its Ray actor
-    link: AgentLink | None
-    state: str = ALIVE
-    stats: dict[str, Any] = field(default_factory=dict)
-    inflight: int = 0  # sessions being created there by this front end
-    ended_seen: int = 0  # its expired sessions, up to this number, are out of the directory
-    collecting: bool = False  # ... and more are being asked for
-    # Its sessions (paused ones too) and their owners' keys, as its events tell: those told
-    # closed with `node_lost` when it dies.
-    residents: dict[str, str | None] = field(default_factory=dict)
-    relay: asyncio.Task[None] | None = None  # taking its events to this front end's bus
-
-    def event_data(self, state: str, why: str | None = None) -> dict[str, Any]:
-        """What an event about this node says (`node.up`, `node.draining`, `node.dead`)."""
-        data = {"node": self.id, "address": f"{self.host}:{self.port}", "state": state}
-        return data if why is None else {**data, "why": why}
-
-    def view(self) -> dict[str, Any]:
-        stats = self.stats
-        return {
-            "id": self.id,
-            "address": f"{self.host}:{self.port}",
-            "state": self.state,
-            "sessions": stats.get("sessions", 0),
-            "paused": stats.get("paused", 0),
-            "pool": stats.get("pool", {}),
-            "memory_available_bytes": stats.get("memory_available_bytes", 0),
-            "pid": self.pid,
-        }
-
-
-class ClusterNodes(SessionManager):
+class ClusterNodes(Members):
     """The nodes of a Ray cluster, as this front end holds them (see `ClusterSessionManager`)."""
 
     def __init__(
@@ -94,10 +48,14 @@ class ClusterNodes(SessionManager):
         config: ServerConfig,
         observer: Observer | None = None,
         node_figures: Callable[[EventSink], NodeFigures] | None = None,
+        webhooks: frozenset[str] = frozenset(),
     ) -> None:
         """observer: told of this front end's events (the server's metrics); node_figures:
-        makes what each node agent reports to (the same kind of metrics, per node)."""
+        makes what each node agent reports to (the same kind of metrics, per node);
+        webhooks: the ids of the server's webhook receivers (`Receiver.id`), whose
+        deliveries of the nodes' events this front end claims its share of."""
         self.config = config
+        self.webhooks = webhooks
         self.observer = observer or Observer()
         self.engine = Engine(config, node_figures)
         self.nodes: dict[str, Node] = {}
@@ -148,20 +106,22 @@ class ClusterNodes(SessionManager):
         """Agents for new Ray nodes; links to agents others started; others' verdicts."""
         known = await self.engine.directory.all_nodes.remote()
         self.directory_size = await self.engine.directory.size.remote()
-        # A machine whose agent was declared dead gets a new agent only once that one has
-        # fenced itself (removed all it held, and gone): until then it may hold sandboxes.
-        held_back = {n["ray_id"] for n in known if n["state"] == DEAD and not n.get("fenced")}
         for entry in known:
             node = self.nodes.get(entry["id"])
             if node is not None and entry["state"] != node.state and node.state != DEAD:
-                self._set_state(node, entry["state"], tell=False)
+                self._set_state(node, entry["state"], tell=False, turn=entry.get("turn"))
         linked = {n.ray_id for n in self.nodes.values() if n.state != DEAD}
-        fresh = [
-            ray_node
-            for ray_node in await asyncio.to_thread(self.engine.nodes)
-            if ray_node.ray_id not in linked and ray_node.ray_id not in held_back
-        ]
-        await asyncio.gather(*(self._join(ray_node) for ray_node in fresh))
+        unlinked = [r for r in await asyncio.to_thread(self.engine.nodes) if r.ray_id not in linked]
+        held_back = await self._held_back(known, {r.ray_id for r in unlinked})
+        # The agent each machine had last, declared dead: its successor cleans what it left.
+        predecessors = {n["ray_id"]: n["pid"] for n in known if n["state"] == DEAD}
+        await asyncio.gather(
+            *(
+                self._join(ray_node, predecessors.get(ray_node.ray_id))
+                for ray_node in unlinked
+                if ray_node.ray_id not in held_back
+            )
+        )
         for entry in known:  # dead nodes others saw, for GET /v1/cluster
             if entry["id"] not in self.nodes and entry["state"] == DEAD:
                 self.nodes[entry["id"]] = Node(
@@ -169,9 +129,47 @@ class ClusterNodes(SessionManager):
                     None, None, DEAD,
                 )  # fmt: skip
 
-    async def _join(self, ray_node: RayNode) -> None:
+    async def _held_back(
+        self, known: builtins.list[dict[str, Any]], machines: set[str]
+    ) -> set[str]:
+        """Of the machines (Ray node ids) given, those that get no new agent yet: one of
+        theirs was declared dead and may still hold sandboxes. Until it has fenced itself
+        (removed all it held, and gone), or Ray says its actor died (killed -9: what it
+        left, the next agent cleans)."""
+        waiting = [
+            entry
+            for entry in known
+            if entry["state"] == DEAD
+            and not entry.get("fenced")
+            and not entry.get("ended")
+            and entry["ray_id"] in machines
+        ]
+        answers = await asyncio.gather(*(self._agent_ended(entry) for entry in waiting))
+        held = set()
+        for entry, ended in zip(waiting, answers, strict=True):
+            if not ended:
+                held.add(entry["ray_id"])
+                continue
+            log.warning(
+                "the agent of dead node %s ended without fencing itself (killed?): its "
+                "machine gets a new agent, which removes what it left",
+                entry["id"],
+            )
+            await self.engine.directory.ended.remote(entry["id"])
+        return held
+
+    async def _agent_ended(self, entry: dict[str, Any]) -> bool:
+        node = self.nodes.get(entry["id"])
+        handle = node.handle if node is not None else None
+        return await asyncio.to_thread(
+            self.engine.agent_ended, entry["ray_id"], handle, ENDED_ASK_S
+        )
+
+    async def _join(self, ray_node: RayNode, predecessor: int | None = None) -> None:
+        """Start (or find) a machine's agent and link it; predecessor: the pid of that
+        machine's agent before, declared dead (the new one cleans what it left)."""
         handle = await asyncio.to_thread(
-            self.engine.agent, ray_node, self._secret, self._egress_ca, self._data_ca
+            self.engine.agent, ray_node, self._secret, self._egress_ca, self._data_ca, predecessor
         )
         try:
             described = await asyncio.wait_for(handle.start.remote(), AGENT_START_S)
@@ -204,6 +202,7 @@ class ClusterNodes(SessionManager):
             self._link_down,
             self._link_stats,
             tls=self._tls,
+            deadline_s=self.config.node_deadline_s,
         )
         try:
             await link.connect()
@@ -216,12 +215,13 @@ class ClusterNodes(SessionManager):
                 node.residents[info["id"]] = info["owner_key"]
         except (ClocheError, LinkDown) as exc:
             log.warning("node %s did not list its sessions: %s", node.id, exc)
+        await self._announce(node, ALIVE, turn=0)  # its first turn, whoever tells it
         told = functools.partial(self._relayed, node)
         node.relay = asyncio.create_task(
-            relay(link, link.greeting.get("events", 0), told), name=f"events-{node.id}"
+            relay(link, link.greeting.get("events", 0), told, self.webhooks),
+            name=f"events-{node.id}",
         )
         self.nodes[node.id] = node
-        self.observer.event("node.up", None, None, node.event_data(ALIVE))
         with contextlib.suppress(ClocheError, LinkDown):
             node.stats = await link.call("stats")
             if not self._profiles:
@@ -234,51 +234,6 @@ class ClusterNodes(SessionManager):
                 await self._discover()
             except Exception as exc:  # Ray's control plane busy: next round
                 log.warning("cluster watch: %s", exc)
-
-    def _relayed(
-        self,
-        node: Node,
-        kind: str,
-        session_id: str | None,
-        owner_key: str | None,
-        data: dict[str, Any],
-    ) -> None:
-        """An event of a node's sessions, told on as this front end's own, with the node."""
-        if session_id is not None and kind.startswith("session."):
-            if kind == "session.closed":
-                node.residents.pop(session_id, None)
-            else:
-                node.residents[session_id] = owner_key
-        self.observer.event(kind, session_id, owner_key, {**data, "node": node.id})
-
-    async def _tell_lost(self, node: Node) -> None:
-        """Tell each session of a node declared dead closed (`node_lost`), once, after the
-        node's last events; not those the directory places elsewhere now (moved by a drain)."""
-        if node.relay is not None:
-            await asyncio.wait([node.relay], timeout=LOST_WAIT_S)
-        lost, node.residents = node.residents, {}
-        if not lost:
-            return
-        try:
-            places = await asyncio.wait_for(
-                self.engine.directory.nodes_of.remote(builtins.list(lost)), LOST_WAIT_S
-            )
-        except Exception as exc:  # Ray's control plane busy: each is told lost
-            log.warning("the directory did not say where node %s's sessions are: %s", node.id, exc)
-            places = None
-        places = places or {}
-        for session_id, owner_key in lost.items():
-            if places.get(session_id) not in (None, node.id):
-                continue  # moved on to another node
-            self.observer.session_closed("lost", "node_lost")
-            data = {"end_reason": "node_lost", "reason": "lost", "node": node.id}
-            self.observer.event("session.closed", session_id, owner_key, data)
-
-    def _link_down(self, link: AgentLink, why: str) -> None:
-        node = self.nodes.get(link.node_id)
-        if node is not None and not self._stopped:
-            log.error("node %s is dead (%s): its sessions are lost", node.id, why)
-            self._set_state(node, DEAD, tell=True, why=why)
 
     def _link_stats(self, link: AgentLink, stats: dict[str, Any]) -> None:
         node = self.nodes.get(link.node_id)
@@ -311,29 +266,6 @@ class ClusterNodes(SessionManager):
             while any(n.stats.get("pool", {}).get(profile, 0) < size for n in self._alive()):
                 self._news.clear()
                 await self._news.wait()
-
-    def _set_state(self, node: Node, state: str, *, tell: bool, why: str | None = None) -> None:
-        if state != node.state:  # told as an event (GET /v1/events, webhooks)
-            kind = {ALIVE: "node.up", DRAINING: "node.draining", DEAD: "node.dead"}[state]
-            self.observer.event(kind, None, None, node.event_data(state, why))
-        if state == DEAD and node.state != DEAD:
-            self._in_background(self._tell_lost(node))
-        node.state = state
-        if state == DEAD and node.link is not None:
-            node.link.close(why="declared dead")
-        if tell:
-            self._in_background(self.engine.directory.set_state.remote(node.id, state))
-
-    def _in_background(self, awaitable: Any) -> None:
-        async def run() -> None:
-            try:
-                await awaitable
-            except Exception as exc:
-                log.warning("cluster bookkeeping failed: %s", exc)
-
-        task = asyncio.create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     def _alive(self) -> builtins.list[Node]:
         return [n for n in self.nodes.values() if n.state == ALIVE and n.link is not None]

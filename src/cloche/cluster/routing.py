@@ -14,7 +14,8 @@ from typing import Any
 
 from cloche.cluster.directory import ALIVE, DEAD, DRAINING
 from cloche.cluster.link import LinkDown
-from cloche.cluster.nodes import ClusterNodes, Node, node_failed
+from cloche.cluster.members import Node, node_failed
+from cloche.cluster.nodes import ClusterNodes
 from cloche.cluster.placement import choose
 from cloche.errors import (
     NodeNotFound,
@@ -110,9 +111,9 @@ class SessionRouting(ClusterNodes):
         node = self._node_named(node_id)
         grace = self.config.node_grace_s if grace_s is None else grace_s
         deadline = asyncio.get_running_loop().time() + grace
-        self._set_state(node, DRAINING, tell=False)
-        await self.engine.directory.set_state.remote(node.id, DRAINING)  # others stop too
+        await self._set_state(node, DRAINING, tell=True)  # the others stop placing there too
         session_ids, snapshot_ids = await node.handle.held.remote()
+        self._heard(node)
         moved, failed, why = 0, [], {}
         for session_id in session_ids:
             if asyncio.get_running_loop().time() >= deadline:
@@ -147,6 +148,12 @@ class SessionRouting(ClusterNodes):
             "snapshots_left": len(snapshot_ids) - copied,
         }
 
+    def _heard(self, node: Node) -> None:
+        """A node's agent answered over Ray (a drain's call): alive, however late its
+        heartbeats are on a starved machine."""
+        if node.link is not None:
+            node.link.heard()
+
     def _node_named(self, name: str) -> Node:
         """The live node of an id, or the one live node at an address."""
         node = self.nodes.get(name)
@@ -170,8 +177,7 @@ class SessionRouting(ClusterNodes):
         node = self.nodes.get(node_id)
         if node is None or node.state == DEAD:
             raise NodeNotFound(f"Node {node_id} not found, or dead")
-        self._set_state(node, ALIVE, tell=False)
-        await self.engine.directory.set_state.remote(node.id, ALIVE)
+        await self._set_state(node, ALIVE, tell=True)
         log.info("node %s back in service", node.id)
         return {"node": node.id, "state": ALIVE}
 
@@ -190,10 +196,11 @@ class SessionRouting(ClusterNodes):
             raise TooManySessions("no other node has room")
         raw, image = source.handle.export_session.options(num_returns=2).remote(session_id)
         try:
-            await target.handle.adopt_session.remote(raw, image)
+            await target.handle.adopt_session.remote(raw, image)  # once source exported it
         except BaseException:
             await source.handle.release_session.remote(session_id, False)
             raise
+        self._heard(source)
         await self.engine.directory.place.remote([session_id], target.id)
         self._where[session_id] = target.id
         if session_id in source.residents:

@@ -77,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     for flag, value in (
         ("--events-buffer", args.events_buffer),
         ("--webhook-retry", args.webhook_retry),
+        ("--node-deadline", args.node_deadline),
         ("--template-max-mib", args.template_max_mib),
     ):
         if not value > 0:  # NaN too
@@ -122,6 +123,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cluster=args.cluster,
         cluster_agent_port=args.cluster_agent_port,
         node_grace_s=args.node_grace,
+        node_deadline_s=args.node_deadline,
         cluster_insecure=args.cluster_insecure,
         events_buffer=args.events_buffer,
         webhooks=tuple(args.webhook),

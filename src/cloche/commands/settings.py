@@ -235,6 +235,13 @@ SERVE_OPTIONS = (
         "`cloche nodes leave`); what is left is reported failed. Fits Kubernetes' 30 s",
     ),
     Option(
+        "--node-deadline",
+        float,
+        _config.node_deadline_s,
+        "seconds a node's agent may answer nothing (heartbeats every 0.5 s) before its node "
+        "is declared dead for good (2 starved cores answered up to 15 s late)",
+    ),
+    Option(
         "--cluster-agent-port",
         int,
         _config.cluster_agent_port,

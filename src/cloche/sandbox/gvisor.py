@@ -40,6 +40,7 @@ PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not 
 # 8.5 ms at 50 under systrap; see benchmarks/results/throughput.md).
 PTRACE_FROM_PER_CORE = 2
 PROBE_TIMEOUT_S = 30.0  # for a probe sandbox's kernel to say it is up
+STALE_CGROUP_WAIT_S = 10.0  # a dead server's sandboxes, killed, to leave their cgroups
 # What a session's saved disk holds (see `layers`), and its mounts (3: every sandbox has
 # its door directory, for ports): an image of another layout is refused.
 LAYOUT_VERSION = 3
@@ -216,8 +217,8 @@ class GVisorBackend(Backend):
                 stale.delete(sandbox_id)
         for point in mounts.mounts_under(instance_dir):
             mounts.unmount(point)
-        for top in cgroups.tops():
-            cgroups.remove(f"{top}/{instance_dir.name}")
+        for top in cgroups.tops():  # its sandboxes' processes, just killed, may still be ending
+            cgroups.remove(f"{top}/{instance_dir.name}", wait_s=STALE_CGROUP_WAIT_S)
 
     def shutdown(self) -> None:
         if self._ptrace_probe is not None:

@@ -91,16 +91,23 @@ class Server:
         # What the layers below report through their observer (the metrics) as events goes
         # on to the bus, behind GET /v1/events and the webhooks.
         self.events = EventBus(config.events_buffer)
+        self.metrics = Metrics(self.events.publish)
+        deliveries = self.metrics.webhook_deliveries
+        self.webhooks = server_webhooks(config, lambda outcome: deliveries.labels(outcome).inc())
+        for tenant in self.tenants:  # a tenant's webhook gets its own sessions' events
+            if tenant.webhook is not None and tenant.webhook_secret is not None:
+                self.webhooks.add_receiver(tenant.webhook, tenant.webhook_secret, tenant.owner_key)
+        self.events.listen(self.webhooks.offer)
         if config.cluster:  # sessions on the nodes of a Ray cluster: no sandbox here
             from cloche.cluster.manager import ClusterSessionManager
 
-            self.metrics = Metrics(self.events.publish)
-            self.manager = ClusterSessionManager(config, self.metrics, node_figures=Metrics)
+            self.manager = ClusterSessionManager(
+                config, self.metrics, node_figures=Metrics, webhooks=self.webhooks.ids()
+            )
             self.broker = _broker(config, self.metrics)  # the RLM endpoint's own calls
             self.metrics.watch_cluster(self.manager.cluster_view)
         else:
             self.backend = backend or create_backend(config)
-            self.metrics = Metrics(self.events.publish)
             if config.egress_policy is not None:
                 from cloche.network.egress.service import Egress
 
@@ -117,12 +124,6 @@ class Server:
                 llm=_sessions_llm(self.broker, config),
             )
             self.metrics.watch(self.manager)
-        deliveries = self.metrics.webhook_deliveries
-        self.webhooks = server_webhooks(config, lambda outcome: deliveries.labels(outcome).inc())
-        for tenant in self.tenants:  # a tenant's webhook gets its own sessions' events
-            if tenant.webhook is not None and tenant.webhook_secret is not None:
-                self.webhooks.add_receiver(tenant.webhook, tenant.webhook_secret, tenant.owner_key)
-        self.events.listen(self.webhooks.offer)
         # What the front ends reach: the manager, behind the tenants' quotas if any has some.
         self.sessions: SessionManager = self.manager
         if self.tenants.gated:

@@ -76,6 +76,9 @@ class Event:
     session_id: str | None
     owner_key: str | None  # the owner's token hashed (`sessions.session.owner_key`); never sent
     data: dict[str, Any]
+    # The webhook receivers (`Receiver.id`) this server delivers it to; None: every one (see
+    # `Observer.event`).
+    webhooks: frozenset[str] | None = None
     _json: bytes | None = field(default=None, init=False, repr=False)
 
     def public(self) -> dict[str, Any]:
@@ -252,9 +255,11 @@ class EventBus:
         session_id: str | None,
         owner_key: str | None,
         data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> Event:
-        """Number the event, keep it, hand it on. Never awaits, never raises."""
-        event = Event(self._next_id, kind, time.time(), session_id, owner_key, data)
+        """Number the event, keep it, hand it on (to the webhook receivers named, if any are).
+        Never awaits, never raises."""
+        event = Event(self._next_id, kind, time.time(), session_id, owner_key, data, webhooks)
         self._next_id += 1
         self._buffer.append(event)
         for listener in self._listeners:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from cloche.server.collectors import ClusterCollector, ManagerCollector
-from cloche.sessions.observer import Observer
+from cloche.sessions.observer import EventSink, Observer
 
 if TYPE_CHECKING:
     from cloche.sessions.local import LocalSessionManager
@@ -44,9 +44,6 @@ _CELL_BUCKETS_S = (
 _WAIT_BUCKETS_S = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _START_BUCKETS_S = (0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 _LLM_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
-
-
-EventSink = Callable[[str, str | None, str | None, dict[str, Any]], object]
 
 
 class Metrics(Observer):
@@ -317,10 +314,15 @@ class Metrics(Observer):
     # -- what the layers below report (Observer) -------------------------------------------
 
     def event(
-        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+        self,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> None:
         if self._events is not None:
-            self._events(kind, session_id, owner_key, data)
+            self._events(kind, session_id, owner_key, data, webhooks)
 
     def sandbox_started(self, profile: str, seconds: float) -> None:
         self.sandbox_start.labels(profile).observe(seconds)

@@ -12,6 +12,11 @@ within `TIMEOUT_S`, no connection) with exponential backoff, until `--webhook-re
 after the event was published; then the event is dropped and counted, as is an event
 that finds the receiver's queue full. Publishing only appends to the queues: a receiver
 that hangs delays nothing but its own deliveries.
+
+In cluster mode every front end tells the events of the nodes; an event names the receivers
+this front end claimed it for (`Event.webhooks`), and only those get it from here. Each
+receiver has an `id` (its URL and whose events it gets, hashed) that the front ends of a
+cluster agree on without telling each other.
 """
 
 from __future__ import annotations
@@ -119,6 +124,9 @@ class Receiver:
         self.url = url
         self.key = secret_key(secret)
         self.owner_key = owner_key
+        # The same on every front end given this URL for these events (never the URL itself:
+        # it may carry a token).
+        self.id = hashlib.sha256(f"{url}\n{owner_key or ''}".encode()).hexdigest()[:16]
         port = f":{parsed.port}" if parsed.port else ""
         self.name = f"{parsed.scheme}://{parsed.host}{port}"  # for logs: no path, no query
         self.queue: deque[tuple[Event, float]] = deque()  # (event, its deadline, monotonic s)
@@ -165,12 +173,19 @@ class Webhooks:
             self._launch(receiver)
         return receiver
 
+    def ids(self) -> frozenset[str]:
+        """Every receiver's `id` (what a cluster front end claims events for)."""
+        return frozenset(receiver.id for receiver in self.receivers)
+
     def offer(self, event: Event) -> None:
-        """Queue the event for each receiver that wants it (the bus's listener; never waits)."""
+        """Queue the event for each receiver that wants it and that it is for (the bus's
+        listener; never waits)."""
         deadline = time.monotonic() + self.retry_s
         for receiver in self.receivers:
             if receiver.owner_key is not None and event.owner_key != receiver.owner_key:
                 continue
+            if event.webhooks is not None and receiver.id not in event.webhooks:
+                continue  # another front end of the cluster delivers it there
             if len(receiver.queue) >= receiver.bound:
                 receiver.dropped += 1
                 self._count("dropped")

@@ -73,10 +73,14 @@ class LocalSessionManager(MovableSessions):
             return super()._system_of(template)
         return self.template_catalog.system(template)
 
-    async def start(self) -> None:
+    async def start(self, forget: bool = False) -> None:
+        """forget: delete the sessions and snapshots the data directory holds first, unread
+        (a cluster node's successor on its machine: they were told lost with it)."""
         await asyncio.to_thread(self.backend.prepare)
         try:
             await asyncio.to_thread(self.store.open)
+            if forget:
+                await asyncio.to_thread(self.store.forget_all)
             crashed, resumable = await asyncio.to_thread(self._load)
             await self.template_catalog.open()  # once the data dir is ours (its lock)
             # After the backend's start: the sandboxes a crashed server left are gone, so

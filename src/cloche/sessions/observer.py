@@ -8,10 +8,23 @@ metrics are observed from above and never imported from below.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from cloche.sessions.result import CellResult
+
+
+class EventSink(Protocol):
+    """Where `Observer.event` goes on to (the server's event bus; a node agent's outbox)."""
+
+    def __call__(
+        self,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
+    ) -> object: ...
 
 
 class Observer:
@@ -20,7 +33,12 @@ class Observer:
     # -- events (operations.md: the bus behind /v1/events and webhooks) --------------------
 
     def event(
-        self, kind: str, session_id: str | None, owner_key: str | None, data: dict[str, Any]
+        self,
+        kind: str,
+        session_id: str | None,
+        owner_key: str | None,
+        data: dict[str, Any],
+        webhooks: frozenset[str] | None = None,
     ) -> None:
         """Something an operator may be told about happened.
 
@@ -32,6 +50,10 @@ class Observer:
             session_id: the session it is about, if any.
             owner_key: the hash of the owner's token (`sessions.session.owner_key`), if any.
             data: JSON-ready details (e.g. `end_reason`, `execution_count`, `profile`).
+            webhooks: the webhook receivers (by `Receiver.id`) this server delivers it to;
+                None: all of them. A cluster's front ends all tell the events of its nodes,
+                and each delivers one only to the receivers it claimed it for, so that each
+                receiver gets it once (`cluster/relay.py`, `cluster/nodes.py`).
         """
 
     # -- sandboxes and sessions -----------------------------------------------------------

@@ -175,6 +175,14 @@ class Store:
                 self.remove(home)
         return found
 
+    def forget_all(self) -> None:
+        """Delete every session and snapshot kept here, unread (blocking): what a cluster
+        node declared dead held, told lost, which its machine's next agent must not bring
+        back (the node's agent fences itself so; one killed -9 could not)."""
+        for parent in (self.sessions, self.snapshots):
+            for home in sorted(parent.iterdir()):
+                self.remove(home)
+
     def remove(self, path: Path) -> None:
         """Delete a file, or a directory with all it holds (blocking)."""
         freed = _du(path)

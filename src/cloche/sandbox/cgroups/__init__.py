@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +131,19 @@ def install(path: str, resources: dict[str, Any]) -> None:
         raise
 
 
-def remove(relative: str) -> None:
-    """rmdir the cgroup at relative (and its children) in every hierarchy, if empty."""
+def remove(relative: str, wait_s: float = 0.0) -> None:
+    """rmdir the cgroup at relative (and its children) in every hierarchy, if empty;
+    wait_s: how long processes still ending (just killed) may take to leave it (blocking,
+    looked at every 50 ms: a v1 cgroup tells nobody when it empties)."""
     relative = relative.strip("/")
+    deadline = time.monotonic() + wait_s
+    while _remove_once(relative) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _remove_once(relative: str) -> bool:
+    """One try of `remove`; whether some of it is left."""
+    left = False
     for root in hierarchies():
         top = root / relative
         if not top.is_dir():
@@ -140,8 +151,11 @@ def remove(relative: str) -> None:
         for directory, _, _ in sorted(os.walk(top), key=lambda e: len(e[0]), reverse=True):
             try:
                 os.rmdir(directory)
+            except FileNotFoundError:
+                pass  # already gone
             except OSError:
-                pass  # still has processes, or already gone
+                left = True  # still has processes
+    return left
 
 
 def remove_if_empty(relative: str) -> None:
