@@ -5,12 +5,15 @@ it."""
 from __future__ import annotations
 
 import base64
+import contextlib
 from typing import Any
 
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from cloche.client.execution import Cell, Execution
 from cloche.client.process import CommandResult
+from cloche.errors import ClocheError
 from cloche.server.jsonbody import map_leaves
 
 HISTORY_OUTPUT_CHARS = 2000  # of each output of a cell, in session_history
@@ -181,3 +184,12 @@ def file_content(path: str, data: bytes) -> list[ContentBlock]:
             )
         ]
     return [TextContent(type="text", text=text)]
+
+
+@contextlib.contextmanager
+def as_tool_errors() -> Any:
+    """cloche's exceptions become tool errors the model can read."""
+    try:
+        yield
+    except ClocheError as exc:
+        raise ToolError(f"{type(exc).__name__}: {exc}") from exc

@@ -29,8 +29,8 @@ from cloche.server.http.auth import bearer_owner
 from cloche.server.http.errors import error_response
 from cloche.server.http.ports import make_preview
 from cloche.server.mcp.direct import ManagerClient
+from cloche.server.mcp.surface import Scope as ToolScope
 from cloche.server.mcp.tools import ConnectionSessions, build_server
-from cloche.server.mcp.tools import Scope as ToolScope
 from cloche.server.tenants import Tenants
 from cloche.sessions.manager import SessionManager
 

@@ -14,7 +14,8 @@ from mcp.server.mcpserver import Context
 
 from cloche.client.aio import AsyncClient
 from cloche.errors import ClocheError
-from cloche.server.mcp.tools import ConnectionSessions, Scope, build_server
+from cloche.server.mcp.surface import Scope
+from cloche.server.mcp.tools import ConnectionSessions, build_server
 
 log = logging.getLogger("cloche.mcp")
 

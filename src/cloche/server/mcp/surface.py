@@ -7,8 +7,11 @@ other, over the server's own session manager (/mcp inside the server).
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
+
+from mcp.server.mcpserver import Context
 
 from cloche.client.execution import Cell, Execution
 from cloche.client.info import FileInfo, SessionInfo, SnapshotInfo
@@ -122,3 +125,15 @@ class ToolClient(Protocol):
     async def upload_to_volume(self, name: str, path: str, data: bytes | str) -> None: ...
 
     async def download_from_volume(self, name: str, path: str) -> bytes: ...
+
+
+class Scope(abc.ABC):
+    """Which cloche client, and which MCP connection, a tool call belongs to."""
+
+    @abc.abstractmethod
+    def client(self, ctx: Context) -> ToolClient:
+        """The client to reach sessions with, for this call's caller."""
+
+    @abc.abstractmethod
+    def connection(self, ctx: Context) -> str | None:
+        """A key for the caller's MCP connection; None when the transport has none."""

@@ -10,14 +10,13 @@ to; each connection gets a session of its own, made on first use, unless a call 
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import base64
 import binascii
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -28,12 +27,13 @@ from cloche import __version__
 from cloche.client.tool import CODE_DESCRIPTION, RUN_PYTHON_DESCRIPTION, TOOL_NAME
 from cloche.errors import ClocheError, SessionNotFound
 from cloche.server.mcp.content import (
+    as_tool_errors,
     command_result,
     execution_result,
     file_content,
     history_result,
 )
-from cloche.server.mcp.surface import ToolClient, ToolSession
+from cloche.server.mcp.surface import Scope, ToolClient, ToolSession
 from cloche.server.mcp.volume_tools import add_volume_tools
 
 log = logging.getLogger("cloche.mcp")
@@ -73,18 +73,6 @@ METADATA_DESCRIPTION = (
     "Labels of your choosing (string keys and values, at most 32 pairs), to find the "
     "session by with list_sessions"
 )
-
-
-class Scope(abc.ABC):
-    """Which cloche client, and which MCP connection, a tool call belongs to."""
-
-    @abc.abstractmethod
-    def client(self, ctx: Context) -> ToolClient:
-        """The client to reach sessions with, for this call's caller."""
-
-    @abc.abstractmethod
-    def connection(self, ctx: Context) -> str | None:
-        """A key for the caller's MCP connection; None when the transport has none."""
 
 
 class ConnectionSessions:
@@ -134,15 +122,6 @@ class ConnectionSessions:
     async def close_all(self) -> None:
         for key in list(self._sessions):
             await self.close(key)
-
-
-@contextlib.contextmanager
-def _as_tool_errors() -> Any:
-    """cloche's exceptions become tool errors the model can read."""
-    try:
-        yield
-    except ClocheError as exc:
-        raise ToolError(f"{type(exc).__name__}: {exc}") from exc
 
 
 @contextlib.asynccontextmanager
@@ -204,7 +183,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             float | None, Field(description="Time limit of this cell, s", gt=0)
         ] = None,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, note):
                 execution = await session.run(code, timeout=timeout)
         return execution_result(execution, note)
@@ -231,7 +210,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             Field(description="Whom it runs as: the session's user, or root (inside only)"),
         ] = None,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, note):
                 result = await session.commands.run(
                     cmd, args=args, cwd=cwd, user=user, timeout=timeout
@@ -274,7 +253,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         ] = None,
         volumes: Annotated[list[str | VolumeMount] | None, Field(description=VOLUMES)] = None,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             session = await scope.client(ctx).create_session(
                 profile,
                 snapshot=snapshot,
@@ -304,7 +283,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
 
     @server.tool(description="Close a session and discard its state.")
     async def close_session(session_id: str, ctx: Context) -> str:
-        with _as_tool_errors():
+        with as_tool_errors():
             await scope.client(ctx).close_session(session_id)
         sessions.forget(session_id)
         return f"Closed session {session_id}."
@@ -325,7 +304,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             Field(description="Only those whose metadata has every one of these pairs"),
         ] = None,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             listed = await scope.client(ctx).list_sessions(
                 state=state, profile=profile, metadata=metadata
             )
@@ -364,7 +343,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         ctx: Context,
         name: Annotated[str, Field(description="A name of your choosing")] = "",
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             session = await scope.client(ctx).session(session_id)
             snapshot = await session.snapshot(name)
         return CallToolResult(
@@ -388,7 +367,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         ctx: Context,
         count: Annotated[int, Field(description="Copies to make", ge=1)] = 1,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             session = await scope.client(ctx).session(session_id)
             copies = await session.fork(count)
         ids = [copy.id for copy in copies]
@@ -416,7 +395,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         ] = None,
         limit: Annotated[int, Field(description="At most this many cells", ge=1, le=100)] = 10,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, _):
                 if after is None:
                     last = int((session.info.last_cell or {}).get("number", 0))
@@ -433,7 +412,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         ctx: Context,
         session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, _):
                 ports = await session.ports.list()
         listed = ", ".join(map(str, ports)) or "none"
@@ -454,7 +433,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             int, Field(description="Seconds the URL works for", ge=1, le=86400)
         ] = 3600,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, _):
                 preview = await session.ports.url(port, ttl_s=ttl_s)
         expires_at = preview.expires_at.isoformat()
@@ -476,7 +455,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
             data = base64.b64decode(content, validate=True) if is_base64 else content.encode()
         except (binascii.Error, ValueError) as exc:
             raise ToolError(f"content is not valid base64: {exc}") from exc
-        with _as_tool_errors():
+        with as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, note):
                 await session.upload(path, data)
         done = f"Wrote {len(data)} bytes to {path} in session {session.id}."
@@ -492,7 +471,7 @@ def build_server(scope: Scope, sessions: ConnectionSessions) -> MCPServer:
         ctx: Context,
         session_id: Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)] = None,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             async with _session_for(scope, sessions, ctx, session_id) as (session, _):
                 data = await session.download(path)
         return CallToolResult(content=file_content(path, data))

@@ -22,10 +22,10 @@ from pydantic import Field
 
 from cloche.client.info import FileInfo
 from cloche.client.volumes import VolumeInfo
-from cloche.server.mcp.content import file_content
+from cloche.server.mcp.content import as_tool_errors, file_content
 
 if TYPE_CHECKING:
-    from cloche.server.mcp.tools import Scope
+    from cloche.server.mcp.surface import Scope
     from cloche.sessions import volumes
     from cloche.sessions.manager import SessionManager
 
@@ -73,7 +73,6 @@ class ManagerVolumes:
 
 def add_volume_tools(server: MCPServer, scope: Scope) -> None:
     """Register the volume tools on server, reaching volumes through scope."""
-    from cloche.server.mcp.tools import _as_tool_errors
 
     @server.tool(
         description="Make a volume: a directory of yours that outlives sessions, never "
@@ -88,7 +87,7 @@ def add_volume_tools(server: MCPServer, scope: Scope) -> None:
         size_mib: Annotated[int, Field(description="Its size, MiB", ge=1)],
         ctx: Context,
     ) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             volume = await scope.client(ctx).create_volume(name, size_mib)
         return CallToolResult(
             content=[
@@ -107,7 +106,7 @@ def add_volume_tools(server: MCPServer, scope: Scope) -> None:
         annotations=ToolAnnotations(read_only_hint=True),
     )
     async def list_volumes(ctx: Context) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             listed = await scope.client(ctx).volumes()
         rows = [
             {
@@ -132,7 +131,7 @@ def add_volume_tools(server: MCPServer, scope: Scope) -> None:
         description="Delete a volume and all its files (refused while a session mounts it)."
     )
     async def delete_volume(name: NAME, ctx: Context) -> str:
-        with _as_tool_errors():
+        with as_tool_errors():
             await scope.client(ctx).delete_volume(name)
         return f"Deleted volume {name}."
 
@@ -141,7 +140,7 @@ def add_volume_tools(server: MCPServer, scope: Scope) -> None:
         annotations=ToolAnnotations(read_only_hint=True),
     )
     async def list_volume_files(name: NAME, ctx: Context) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             files = await scope.client(ctx).volume_files(name)
         return CallToolResult(
             content=[
@@ -168,7 +167,7 @@ def add_volume_tools(server: MCPServer, scope: Scope) -> None:
             data = base64.b64decode(content, validate=True) if is_base64 else content.encode()
         except (binascii.Error, ValueError) as exc:
             raise ToolError(f"content is not valid base64: {exc}") from exc
-        with _as_tool_errors():
+        with as_tool_errors():
             await scope.client(ctx).upload_to_volume(name, path, data)
         return f"Wrote {len(data)} bytes to {path} in volume {name}."
 
@@ -178,6 +177,6 @@ def add_volume_tools(server: MCPServer, scope: Scope) -> None:
         annotations=ToolAnnotations(read_only_hint=True),
     )
     async def read_volume_file(name: NAME, path: PATH, ctx: Context) -> CallToolResult:
-        with _as_tool_errors():
+        with as_tool_errors():
             data = await scope.client(ctx).download_from_volume(name, path)
         return CallToolResult(content=file_content(path, data))
