@@ -47,7 +47,7 @@ class Client(VolumeVerbs):
         self, url: str | None = None, token: str | None = None, *, timeout_s: float = 60.0
     ) -> None:
         self._loop = LoopThread()
-        self._async = AsyncClient(url, token, timeout_s=timeout_s)
+        self._async: AsyncClient = AsyncClient(url, token, timeout_s=timeout_s)
 
     @property
     def url(self) -> str:

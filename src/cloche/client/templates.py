@@ -17,7 +17,7 @@ from urllib.parse import quote
 from cloche.errors import RequestTimeout, TemplateFailed
 
 if TYPE_CHECKING:
-    from cloche.client.aio import AsyncClient
+    from cloche.client._wire import Wire
 
 Template = dict[str, Any]
 WAIT_POLL_S = 1.0
@@ -33,20 +33,20 @@ async def _chunks(path: Path) -> Any:
         file.close()
 
 
-async def list_all(client: AsyncClient) -> list[Template]:
+async def list_all(client: Wire) -> list[Template]:
     response = await client._request("GET", "/v1/templates")
     templates: list[Template] = response.json()["templates"]
     return templates
 
 
-async def get(client: AsyncClient, name: str) -> Template:
+async def get(client: Wire, name: str) -> Template:
     response = await client._request("GET", f"/v1/templates/{quote(name, safe='')}")
     template: Template = response.json()
     return template
 
 
 async def build(
-    client: AsyncClient,
+    client: Wire,
     name: str,
     *,
     from_tar: str | None = None,
@@ -78,7 +78,7 @@ async def build(
     return template
 
 
-async def wait(client: AsyncClient, name: str, timeout_s: float | None = None) -> Template:
+async def wait(client: Wire, name: str, timeout_s: float | None = None) -> Template:
     """Poll a template until it is ready; raises TemplateFailed (with the builder's last
     line) when it failed, RequestTimeout after timeout_s."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -93,5 +93,5 @@ async def wait(client: AsyncClient, name: str, timeout_s: float | None = None) -
         await asyncio.sleep(WAIT_POLL_S)
 
 
-async def delete(client: AsyncClient, name: str) -> None:
+async def delete(client: Wire, name: str) -> None:
     await client._request("DELETE", f"/v1/templates/{quote(name, safe='')}")

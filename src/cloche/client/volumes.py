@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import httpx
 
     from cloche.client._loop import LoopThread
-    from cloche.client.aio import AsyncClient
 
 VolumeAsk = str | Mapping[str, Any]  # a name (mounted at /mnt/NAME), or {name, path, read_only}
 
@@ -133,7 +132,7 @@ class VolumeVerbs:
 
     if TYPE_CHECKING:
         _loop: LoopThread
-        _async: AsyncClient
+        _async: AsyncVolumeVerbs
 
     def create_volume(self, name: str, size_mib: int) -> VolumeInfo:
         """See `AsyncVolumeVerbs.create_volume`."""
