@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,8 +195,14 @@ def test_shell_answers_typed_input_takes_ctrl_c_follows_the_window_and_exits(
         child.sendline("echo alive-$((2+3))")
         child.expect("alive-5")
         child.setwinsize(30, 100)  # SIGWINCH here: the remote terminal follows
-        child.sendline("stty size")
-        child.expect("30 100")
+        # The new size goes out when the client handles its SIGWINCH, which a line typed
+        # at once may overtake on a loaded machine: ask until the remote side tells it.
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            child.sendline("stty size")
+            if child.expect(["30 100", "24 80"]) == 0:
+                break
+            assert time.monotonic() < deadline, "the terminal never took the new size"
         child.sendline("exit 3")
         child.expect("status=3")
         child.expect(pexpect.EOF)
