@@ -26,8 +26,8 @@ from cloche.client.info import FileInfo
 if TYPE_CHECKING:
     import httpx
 
-    from cloche.client.aio import AsyncClient
     from cloche.client._loop import LoopThread
+    from cloche.client.aio import AsyncClient
 
 VolumeAsk = str | Mapping[str, Any]  # a name (mounted at /mnt/NAME), or {name, path, read_only}
 
