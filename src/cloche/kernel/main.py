@@ -175,9 +175,9 @@ def start_supervisor() -> socket.socket | None:
 
 
 def main() -> None:
-    link_font_list()
     channel = Channel.take_stdio()
     supervisor = start_supervisor()
+    link_font_list()  # as the session's user: it makes MPLCONFIGDIR, which matplotlib writes
     relay = ports.start()  # as the session's user, before any thread
     kernel = Kernel(channel)
     router = Router(channel, kernel.llm, supervisor, relay)
