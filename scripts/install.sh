@@ -170,14 +170,26 @@ install_runtime() {
 
 # The container image's tests (tests/deploy, marker docker) need a Docker engine; they start
 # dockerd themselves when none runs. Debian's docker.io is the engine they were measured with.
+# With AppArmor on in the kernel (Debian's default), dockerd loads its profile into every
+# container with apparmor_parser, which docker.io only recommends: without it no container
+# starts, `docker build`'s RUN steps included ("exec: apparmor_parser: executable file not
+# found"). So apparmor comes with docker.io, and later where AppArmor is on and it is missing.
 install_docker() {
-    command -v dockerd >/dev/null && return 0
+    if command -v dockerd >/dev/null; then
+        if [ "$(cat /sys/module/apparmor/parameters/enabled 2>/dev/null)" = Y ] &&
+            ! command -v apparmor_parser >/dev/null && ! [ -x /sbin/apparmor_parser ] &&
+            command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+            say "installing apparmor (AppArmor is on: dockerd needs apparmor_parser)"
+            apt_install --no-install-recommends apparmor
+        fi
+        return 0
+    fi
     if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
         say "no dockerd here: the docker tests need a Docker engine (or deselect: -m 'not docker')"
         return 0
     fi
-    say "installing docker.io (for the container image tests)"
-    apt_install --no-install-recommends docker.io
+    say "installing docker.io and apparmor (for the container image tests)"
+    apt_install --no-install-recommends docker.io apparmor
 }
 
 # The inspector's browser tests (tests/server/test_ui.py) drive Debian's chromium through

@@ -3,8 +3,6 @@ weights, the behind group and freezing."""
 
 from __future__ import annotations
 
-import functools
-import time
 from pathlib import Path
 
 import pytest
@@ -12,24 +10,6 @@ import pytest
 from cloche.sandbox import cgroups
 
 V2 = cgroups.host().version == 2
-# CPU time of LOOP on this project's machines, with room to spare (~0.015 s measured).
-REFERENCE_LOOP_CPU_S = 0.03
-LOOP = 200_000
-
-
-@functools.cache
-def slowness() -> float:
-    """How many times slower than this project's machines this one runs Python on the CPU
-    now: 1 there, busy or not (CPU time, not wall time); 10-100 in a VM whose CPU is
-    emulated, where a sandbox's idle ticks and a trivial cell cost as much more. The time
-    scales of the CPU-placement tests (slices, spins, waits) are multiplied by it."""
-    best = float("inf")
-    for _ in range(3):
-        began, total = time.process_time(), 0
-        for i in range(LOOP):
-            total += i
-        best = min(best, time.process_time() - began)
-    return max(1.0, best / REFERENCE_LOOP_CPU_S)
 
 
 def group_dir(path: str, controller: str = "cpu") -> Path:

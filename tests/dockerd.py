@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from support import slowness
+
 
 def docker(*args: str, timeout_s: float = 120.0, check: bool = True) -> str:
+    """docker's output; timeout_s as on this project's machines (scaled by slowness())."""
     done = subprocess.run(
-        ["docker", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        ["docker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s * slowness(),
+        check=False,
     )
     if check and done.returncode != 0:
         raise RuntimeError(f"docker {' '.join(args)} failed: {done.stderr.strip()}")
@@ -24,7 +31,9 @@ def docker(*args: str, timeout_s: float = 120.0, check: bool = True) -> str:
 def daemon_answers() -> bool:
     if shutil.which("docker") is None:
         return False
-    done = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
+    done = subprocess.run(
+        ["docker", "info"], capture_output=True, timeout=30 * slowness(), check=False
+    )
     return done.returncode == 0
 
 
@@ -45,7 +54,7 @@ class Daemon:
             pytest.fail(message)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(["dockerd"], stdout=log, stderr=log)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 * slowness()
         while not daemon_answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -55,5 +64,5 @@ class Daemon:
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()  # dockerd stops its containers and exits
-            self.process.wait(60)
+            self.process.wait(60 * slowness())
         self.process = None

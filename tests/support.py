@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import replace
@@ -24,6 +26,27 @@ from cloche.server.app import Server
 
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME_DIR = REPO / ".runtime" / "site-packages"
+
+
+# CPU time of LOOP on this project's machines, with room to spare (~0.015 s measured).
+REFERENCE_LOOP_CPU_S = 0.03
+LOOP = 200_000
+
+
+@functools.cache
+def slowness() -> float:
+    """How many times slower than this project's machines this one runs Python on the CPU
+    now: 1 there, busy or not (CPU time, not wall time); 10-100 in a VM whose CPU is
+    emulated, where a sandbox's idle ticks and a trivial cell cost as much more. The time
+    scales of the tests that depend on speed (slices, spins, waits, and the servers'
+    sandbox start timeout, `--sandbox-start-timeout`) are multiplied by it."""
+    best = float("inf")
+    for _ in range(3):
+        began, total = time.process_time(), 0
+        for i in range(LOOP):
+            total += i
+        best = min(best, time.process_time() - began)
+    return max(1.0, best / REFERENCE_LOOP_CPU_S)
 
 
 # A slice no cell outlasts (--cell-slice): no cell goes behind the host's processes (the
@@ -100,7 +123,7 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         self._thread.start()
         self.call(self.server.start(), timeout_s=600)
-        self.call(self.server.manager.wait_ready("lean"), timeout_s=600)
+        self.call(self.server.manager.wait_ready("lean", 600 * slowness()), timeout_s=600)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -114,8 +137,10 @@ class ServerThread:
             self.loop.close()
 
     def call(self, coro: object, timeout_s: float = 120.0) -> object:
+        """Run coro on the server's loop; timeout_s as on this project's machines (scaled by
+        slowness() here)."""
         future: Future[object] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-        return future.result(timeout_s)
+        return future.result(timeout_s * slowness())
 
     @property
     def tcp_port(self) -> int:
@@ -173,6 +198,11 @@ def fresh_data_dir(state_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(dir=base))
 
 
+# --sandbox-start-timeout's default, which the tests' servers scale by slowness(): under an
+# emulated CPU sharing a busy host, five sandboxes started at once took over a minute.
+SANDBOX_START_TIMEOUT_S = 60.0
+
+
 def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
     limits = overrides.pop("limits", Limits(cell_timeout_s=20.0, interrupt_grace_s=1.0))
     if "data_dir" not in overrides:
@@ -185,6 +215,7 @@ def make_config(state_dir: Path, **overrides: object) -> ServerConfig:
     # the host, for minutes. The tests of that placement start servers of their own with
     # --cell-slice (tests/server/test_fairness.py) or ask for a slice here.
     overrides.setdefault("cell_slice_s", NEVER_BEHIND_SLICE_S)
+    overrides.setdefault("sandbox_start_timeout_s", SANDBOX_START_TIMEOUT_S * slowness())
     config = ServerConfig(
         tcp_port=0,
         http_port=0,
@@ -229,6 +260,8 @@ class ServerProcess:
             "--pool-size",
             "1",
             *([] if "--data-dir" in args else ["--data-dir", str(fresh_data_dir(state_dir))]),
+            "--sandbox-start-timeout",
+            f"{SANDBOX_START_TIMEOUT_S * slowness():g}",
             *args,
         ]
         self.process = subprocess.Popen(
@@ -261,9 +294,10 @@ class ServerProcess:
         return TCPClient("127.0.0.1", self.tcp_port)
 
     def stop(self, sig: int = 15, timeout_s: float = 60) -> int:
+        """Signal it and wait for its exit status (timeout_s scaled by slowness())."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
-        code = self.process.wait(timeout_s)
+        code = self.process.wait(timeout_s * slowness())
         self._drain.join(10)
         if self.process.stderr is not None:
             self.process.stderr.close()

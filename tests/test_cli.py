@@ -329,6 +329,8 @@ def test_config_from_args_does_raise_config_error_for_an_unreadable_token_file(t
         ("--output-limit", "0", "output_bytes"),
         ("--idle-timeout", "0", "idle_timeout_s"),
         ("--lifetime", "-60", "lifetime_s"),
+        ("--sandbox-start-timeout", "0", "sandbox_start_timeout_s"),
+        ("--sandbox-start-timeout", "nan", "sandbox_start_timeout_s"),
     ],
 )
 def test_config_from_args_does_raise_config_error_for_a_non_positive_limit(
@@ -340,6 +342,12 @@ def test_config_from_args_does_raise_config_error_for_a_non_positive_limit(
 
 def test_config_from_args_does_accept_an_infinite_timeout(tmp_path):
     assert config_of("--lifetime", "inf", tmp_path=tmp_path).limits.lifetime_s == math.inf
+
+
+def test_a_slow_machine_may_give_sandboxes_longer_to_start(tmp_path):
+    assert config_of(tmp_path=tmp_path).sandbox_start_timeout_s == 60.0
+    config = config_of("--sandbox-start-timeout", "600", tmp_path=tmp_path)
+    assert config.sandbox_start_timeout_s == 600.0
 
 
 def test_cloche_serve_does_exit_2_with_the_config_error(tmp_path):

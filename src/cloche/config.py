@@ -148,6 +148,9 @@ class ServerConfig:
     # Commands never run as root inside the sandbox (--no-root): nothing there has uid 0.
     no_root: bool = False
     start_concurrency: int = 0  # sandboxes started at once by the pool; 0 = number of cores
+    # A sandbox's start, until its kernel answers: a pool's refill, a restore, the platform's
+    # probe at start-up. Raise it on a slow machine (an emulated CPU: 10-20x slower).
+    sandbox_start_timeout_s: float = 60.0
     llm: LLMConfig | None = None  # llm_query and the RLM endpoint; None: off
     packages: PackageConfig = field(default_factory=PackageConfig)
     profiles_file: Path | None = None  # --profiles: TOML of profiles built from requirements

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dockerd import docker
-from support import REPO
+from support import REPO, SANDBOX_START_TIMEOUT_S, slowness
 
 IMAGE = "cloche:test"
 # The documented minimum for runsc (root mode) inside a container.
@@ -29,7 +29,7 @@ def build_image(tag: str = IMAGE) -> None:
         [str(REPO / "scripts" / "image.sh"), tag],
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=1800 * slowness(),
         check=False,
     )
     if done.returncode != 0:
@@ -40,7 +40,9 @@ def build_image(tag: str = IMAGE) -> None:
 
 
 class Container:
-    """One `docker run -d` of the image on free host ports, removed by remove()."""
+    """One `docker run -d` of the image on free host ports, removed by remove(). Its waits
+    are as on this project's machines, scaled by slowness() here; so is the server's
+    --sandbox-start-timeout (CLOCHE_SANDBOX_START_TIMEOUT), unless env sets it."""
 
     def __init__(
         self,
@@ -54,7 +56,9 @@ class Container:
         self.volume = volume
         args = ["run", "-d", "--name", self.name, *flags]
         args += ["-p", "127.0.0.1::8000", "-p", "127.0.0.1::8080"]
-        for key, value in (env or {}).items():
+        start_timeout = f"{SANDBOX_START_TIMEOUT_S * slowness():g}"
+        env = {"CLOCHE_SANDBOX_START_TIMEOUT": start_timeout, **(env or {})}
+        for key, value in env.items():
             args += ["-e", f"{key}={value}"]
         if volume is not None:
             args += ["-v", f"{volume}:/var/lib/cloche"]
@@ -63,7 +67,7 @@ class Container:
 
     def ready(self, timeout_s: float = 120.0) -> Container:
         """Wait until /health answers 200 (ports are read anew: a restart may change them)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s * slowness()
         while True:
             state = self.inspect()["State"]
             if not state["Running"]:
@@ -78,14 +82,14 @@ class Container:
                 except (OSError, urllib.error.URLError):
                     pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"not healthy within {timeout_s} s:\n{self.logs()}")
+                raise RuntimeError(f"not healthy in time ({timeout_s} s here):\n{self.logs()}")
             time.sleep(0.5)  # polling for /health, with a deadline
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.http_port}{path}"
 
     def get(self, path: str) -> tuple[int, str]:
-        with urllib.request.urlopen(self.url(path), timeout=30) as response:  # noqa: S310
+        with urllib.request.urlopen(self.url(path), timeout=30 * slowness()) as response:  # noqa: S310
             return response.status, response.read().decode()
 
     def post(self, path: str, body: dict[str, object]) -> dict[str, object]:
@@ -94,7 +98,7 @@ class Container:
             data=json.dumps(body).encode(),
             headers={"content-type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=120 * slowness()) as response:  # noqa: S310
             answer: dict[str, object] = json.loads(response.read())
             return answer
 
@@ -108,19 +112,24 @@ class Container:
 
     def logs(self) -> str:
         done = subprocess.run(
-            ["docker", "logs", self.name], capture_output=True, text=True, timeout=60, check=False
+            ["docker", "logs", self.name],
+            capture_output=True,
+            text=True,
+            timeout=60 * slowness(),
+            check=False,
         )
         return done.stdout + done.stderr
 
     def stop(self, timeout_s: int = 60) -> int:
         """`docker stop` (SIGTERM, then SIGKILL after timeout_s); the exit code."""
-        docker("stop", "-t", str(timeout_s), self.name, timeout_s=timeout_s + 60)
+        grace_s = round(timeout_s * slowness())
+        docker("stop", "-t", str(grace_s), self.name, timeout_s=timeout_s + 60)
         return int(docker("inspect", "--format", "{{.State.ExitCode}}", self.name))
 
     def restart(self) -> Container:
         """`docker restart` (SIGTERM, then start again on the same volume), then ready() again:
         for "a session survives a restart" once --data-dir (CLOCHE_DATA_DIR) saves sessions."""
-        docker("restart", "-t", "60", self.name, timeout_s=180)
+        docker("restart", "-t", str(round(60 * slowness())), self.name, timeout_s=180)
         return self.ready()
 
     def remove(self) -> None:

@@ -13,9 +13,9 @@ import yaml
 
 from cloche.client.tcp import TCPClient
 from cloche.sandbox import cgroups
-from support import REPO
+from support import REPO, slowness
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800 * slowness())]
 
 CGROUP_WARNING = "no writable cgroups"
 V2 = cgroups.host().version == 2
@@ -114,6 +114,10 @@ def test_with_compose_s_settings_on_cgroup_v2_each_sandbox_s_memory_backstop_hol
     limits; a sandbox over its memory backstop is killed, and told apart as `memory`."""
     flags, env = compose_flags()
     env |= {"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0", "CLOCHE_MEMORY_MIB": "256"}
+    # The hog's cell may take a minute (more on a slow machine) before the OOM killer ends
+    # it: the server's --cell-timeout (30 s) would cap what the request asks.
+    hog_timeout_s = round(60 * slowness())
+    env["CLOCHE_CELL_TIMEOUT"] = str(hog_timeout_s)
     container = run_container(*flags, env=env).ready()
     logs = container.logs()
     assert CGROUP_WARNING not in logs, logs
@@ -122,7 +126,8 @@ def test_with_compose_s_settings_on_cgroup_v2_each_sandbox_s_memory_backstop_hol
     session = str(container.post("/v1/sessions", {})["id"])
     assert container.post(f"/v1/sessions/{session}/execute", {"code": "x = 1"})["status"] == "ok"
     hog = container.post("/v1/sessions", {})["id"]
-    killed = container.post(f"/v1/sessions/{hog}/execute", {"code": MEMORY_HOG, "timeout": 60})
+    cell = {"code": MEMORY_HOG, "timeout": hog_timeout_s}
+    killed = container.post(f"/v1/sessions/{hog}/execute", cell)
     assert (killed["status"], killed["end_reason"]) == ("killed", "memory"), killed
     assert "OOM killer" in str(killed["message"]), killed
     reply = container.post(f"/v1/sessions/{session}/execute", {"code": "print(x + 1)"})

@@ -22,7 +22,6 @@ from cgroup_support import (
     sandbox_cpu_s,
     sandbox_ids,
     sandbox_weights,
-    slowness,
     weight,
 )
 from cloche.errors import ProtocolError
@@ -35,6 +34,7 @@ from support import (
     busy,
     leftovers,
     require_gvisor,
+    slowness,
 )
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow]

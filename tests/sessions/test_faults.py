@@ -7,10 +7,12 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from cloche.errors import BackendUnavailable
 from cloche.sandbox.gvisor import GVisorBackend
 from support import ServerThread, make_config, require_gvisor
 
@@ -63,6 +65,29 @@ def test_a_sandbox_that_fails_to_start_is_retried_then_reported(state_root):
         assert running.server.manager.pool.start_failures == 3
         assert running.server.manager.session_count == 0
         assert not running.server.manager.healthy
+
+
+def test_a_sandbox_slower_to_start_than_the_setting_is_retried_then_reported_by_it(state_root):
+    """A start that outlasts --sandbox-start-timeout fails, and says which setting to raise
+    (a slow machine's: an emulated CPU's starts take minutes)."""
+    require_gvisor()
+    with ServerThread(make_config(state_root, pool_size=0)) as running:
+        backend = running.server.backend
+        backend.config = replace(backend.config, sandbox_start_timeout_s=0.001)
+        with running.client() as c:
+            reply = c.run("1")
+        assert reply["status"] == "error"
+        assert "no sandbox could be started after 3 attempts" in reply["error"]
+        assert "did not answer within 0.001 s (--sandbox-start-timeout)" in reply["error"]
+
+
+def test_a_platform_probe_slower_than_the_setting_says_so(state_root):
+    require_gvisor()
+    config = make_config(state_root, pool_size=0, sandbox_start_timeout_s=0.001)
+    running = ServerThread(config)
+    with pytest.raises(BackendUnavailable, match=r"half of --sandbox-start-timeout"):
+        running.__enter__()
+    running.stop()
 
 
 def test_an_unusable_runsc_fails_fast_with_a_hint(tmp_path):

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from cgroup_support import freezer_state as state_of
-from cgroup_support import group_dir, sandbox_freezer_state, slowness
+from cgroup_support import group_dir, sandbox_freezer_state
 from cgroup_support import sandbox_pids as pids_of
 from cloche.config import Limits
 from cloche.sandbox import cgroups
 from cloche.sessions import session
-from support import NOTHING_LEFT, ServerProcess, leftovers, require_gvisor
+from support import NOTHING_LEFT, ServerProcess, leftovers, require_gvisor, slowness
 
-# Waits scale with this machine's slowness (cgroup_support.slowness); so does what an idle
+# Waits scale with this machine's slowness (support.slowness); so does what an idle
 # sandbox costs: its own ticks take 2-3% of a core here, 30-40% on an emulated CPU, where a
 # look at it would take it for one busy on its own (BUSY_SHARE) and never freeze it. There
 # the threshold rises with the slowness, up to 60% of a core: a spinning thread takes a core.

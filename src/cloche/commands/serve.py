@@ -79,6 +79,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ("--webhook-retry", args.webhook_retry),
         ("--node-deadline", args.node_deadline),
         ("--template-max-mib", args.template_max_mib),
+        ("--sandbox-start-timeout", args.sandbox_start_timeout),
     ):
         if not value > 0:  # NaN too
             raise ConfigError(f"{flag} must be a positive number, not {value}")
@@ -99,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         history_output_bytes=args.history_output_bytes,
         cell_slots=args.cell_slots,
         cell_slice_s=args.cell_slice,
+        sandbox_start_timeout_s=args.sandbox_start_timeout,
         max_frame_bytes=args.max_frame_bytes,
         max_connections=args.max_connections,
         connection_idle_timeout_s=args.connection_timeout,

@@ -119,6 +119,12 @@ SERVE_OPTIONS = (
         "seconds a cell holds its turn; a longer one runs on at a low CPU weight",
     ),
     Option(
+        "--sandbox-start-timeout",
+        float,
+        _config.sandbox_start_timeout_s,
+        "seconds a sandbox may take to start and answer (raise it on a slow machine)",
+    ),
+    Option(
         "--cell-timeout",
         float,
         _limits.cell_timeout_s,

@@ -39,8 +39,10 @@ PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not 
 # the others need (sentry CPU per cell, 2 cores: 0.2 ms at 1 busy session, 1 ms at 10,
 # 8.5 ms at 50 under systrap; see benchmarks/results/throughput.md).
 PTRACE_FROM_PER_CORE = 2
-PROBE_TIMEOUT_S = 30.0  # for a probe sandbox's kernel to say it is up
 STALE_CGROUP_WAIT_S = 10.0  # a dead server's sandboxes, killed, to leave their cgroups
+# A probe sandbox's kernel has this share of --sandbox-start-timeout to say it is up (30 s
+# of 60): a platform that hangs costs the server's start-up less.
+PROBE_SHARE = 0.5
 # What a session's saved disk holds (see `layers`), and its mounts (3: every sandbox has
 # its door directory, for ports): an image of another layout is refused.
 LAYOUT_VERSION = 3
@@ -151,14 +153,21 @@ class GVisorBackend(Backend):
         sandbox.platform = platform
         try:
             sandbox.launch()
-            ready, _, _ = select.select([sandbox.stdout], [], [], PROBE_TIMEOUT_S)
+            ready, _, _ = select.select([sandbox.stdout], [], [], self._probe_timeout_s)
             if not ready or not sandbox.stdout.read(4):
-                return sandbox.startup_log() or "no answer from the kernel"
+                return sandbox.startup_log() or (
+                    f"no answer from the kernel within {self._probe_timeout_s:g} s "
+                    "(half of --sandbox-start-timeout)"
+                )
             return None
         except Exception as exc:  # any failure means this platform is not usable
             return str(exc)
         finally:
             sandbox.close(grace_s=5.0)
+
+    @property
+    def _probe_timeout_s(self) -> float:
+        return self.config.sandbox_start_timeout_s * PROBE_SHARE
 
     def reserved_paths(self) -> list[str]:
         return self.interpreters.reserved_paths()
@@ -196,7 +205,7 @@ class GVisorBackend(Backend):
         runsc.platform). Blocking while the start-up probe of ptrace is still running."""
         if not self._ptrace_when_busy or live <= PTRACE_FROM_PER_CORE * (os.cpu_count() or 1):
             return None
-        self._ptrace_probed.wait(timeout=PROBE_TIMEOUT_S + 10.0)
+        self._ptrace_probed.wait(timeout=self._probe_timeout_s + 10.0)
         return "ptrace" if self._ptrace_works else None
 
     def create(self, limits: Limits, system: System | None = None) -> GVisorSandbox:

@@ -156,7 +156,7 @@ class Checkpoints:
         kernel = KernelClient(sandbox, limits, self.max_frame_bytes)
         kernel.reseed = reseed
         started = time.perf_counter()
-        await kernel.start()
+        await kernel.start(self.backend.config.sandbox_start_timeout_s)
         sandbox.serving()
         log.info("restore sandbox=%s ms=%.1f", sandbox.id, (time.perf_counter() - started) * 1000)
         return kernel

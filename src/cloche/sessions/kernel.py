@@ -132,7 +132,8 @@ class KernelClient:
             await self.close()
             if isinstance(exc, TimeoutError):
                 raise SandboxStartError(
-                    f"sandbox {self.id} did not answer within {timeout_s:g} s"
+                    f"sandbox {self.id} did not answer within {timeout_s:g} s "
+                    "(--sandbox-start-timeout)"
                 ) from exc
             if isinstance(exc, KernelDied):
                 raise SandboxStartError(f"sandbox {self.id} exited while starting: {exc}") from exc

@@ -252,7 +252,7 @@ class WarmPool:
             sandbox.seed = image.with_name(f"{image.name}.disk.tar")
         kernel = KernelClient(sandbox, self.limits, self.max_frame_bytes)
         try:
-            await kernel.start()
+            await kernel.start(self.backend.config.sandbox_start_timeout_s)
             if image is None:
                 await self._preload(kernel)
         except BaseException:
