@@ -583,6 +583,8 @@ def docker_flags(spec: Any) -> list[str]:
         flags += ["--security-opt", "no-new-privileges"]
     if context["seccompProfile"]["type"] == "Unconfined":
         flags += ["--security-opt", "seccomp=unconfined"]
+    if context.get("appArmorProfile", {}).get("type") == "Unconfined":
+        flags += ["--security-opt", "apparmor=unconfined"]
     if context["readOnlyRootFilesystem"]:
         flags.append("--read-only")
     for mount in spec["volumeMounts"]:

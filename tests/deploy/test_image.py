@@ -82,6 +82,8 @@ def test_without_writable_cgroups_it_says_which_limits_it_cant_enforce(run_conta
         "SYS_ADMIN",
         "--security-opt",
         "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
         *HOST_CGROUPNS,
         env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
     ).ready()
@@ -142,6 +144,8 @@ def test_with_the_host_s_cgroups_mounted_it_enforces_them_all(run_container) -> 
         "SYS_ADMIN",
         "--security-opt",
         "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
         *HOST_CGROUPNS,
         "-v",
         "/sys/fs/cgroup:/sys/fs/cgroup:rw",
@@ -157,6 +161,8 @@ def test_docker_stop_shuts_it_down_cleanly_with_cloche_settings_from_env(run_con
         "SYS_ADMIN",
         "--security-opt",
         "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
         env={"CLOCHE_LOG_FORMAT": "json", "CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
     ).ready()
     with TCPClient("127.0.0.1", container.tcp_port) as client:
@@ -177,6 +183,8 @@ def test_the_shipped_seccomp_profile_replaces_unconfined(run_container) -> None:
         "SYS_ADMIN",
         "--security-opt",
         f"seccomp={profile}",
+        "--security-opt",
+        "apparmor=unconfined",
         env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
     ).ready()
     answer = container.post("/", {"code": "import os; print(os.getpid())"})
@@ -196,6 +204,8 @@ def test_the_kubernetes_security_context_is_enough(run_container) -> None:
     if context["readOnlyRootFilesystem"]:
         flags += ["--read-only", "--tmpfs", "/run:exec", "--tmpfs", "/tmp"]
     flags += ["--security-opt", f"seccomp={REPO / 'deploy' / 'seccomp.json'}"]
+    if context["appArmorProfile"]["type"] == "Unconfined":
+        flags += ["--security-opt", "apparmor=unconfined"]
     container = run_container(
         *flags, env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"}
     ).ready()
@@ -210,6 +220,8 @@ def test_a_session_survives_docker_restart(run_container) -> None:
         "SYS_ADMIN",
         "--security-opt",
         "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
         env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
     ).ready()
     with TCPClient("127.0.0.1", container.tcp_port) as client:

@@ -57,8 +57,9 @@ def test_compose_keeps_cloche_s_data_on_a_named_volume(compose) -> None:
 def test_compose_gives_runsc_what_it_needs(compose) -> None:
     cloche = compose["services"]["cloche"]
     assert cloche["cap_add"] == ["SYS_ADMIN"]
-    (option,) = cloche["security_opt"]
-    assert (REPO / option.removeprefix("seccomp=")).is_file()
+    seccomp, apparmor = cloche["security_opt"]
+    assert (REPO / seccomp.removeprefix("seccomp=")).is_file()
+    assert apparmor == "apparmor=unconfined"  # AppArmor's docker-default denies mount
 
 
 def test_compose_s_prometheus_scrapes_cloche_s_metrics(compose) -> None:
@@ -128,6 +129,8 @@ def test_the_security_context_is_what_runsc_needs_and_no_more(pod, container) ->
     assert context["allowPrivilegeEscalation"] is False
     assert context["readOnlyRootFilesystem"] is True
     assert context["seccompProfile"]["type"] in ("Unconfined", "Localhost")
+    # AppArmor's default profile for containers (on nodes that have AppArmor) denies mount.
+    assert context["appArmorProfile"]["type"] == "Unconfined"
     writable = {mount["mountPath"] for mount in container["volumeMounts"]}
     assert {"/run", "/tmp", DATA_DIR} <= writable  # runsc's state, temp files, the data
 
