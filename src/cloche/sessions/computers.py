@@ -207,8 +207,7 @@ class ComputerSessions(RunningSessions):
         self, session_id: str, pid: int, owner: str | None = None
     ) -> AsyncIterator[Event]:
         session, table = await self._reach(session_id, owner)
-        if pid not in table.ended:  # a process that ended lately tells its end at once
-            await table.request("proc.signal", pid=pid, signal=0)  # ProcessNotFound
+        await table.known(pid)  # one that ended lately tells its end at once
         return self._listen(session, table.watch(pid))
 
     async def command_input(

@@ -154,6 +154,21 @@ class ProcessTable:
             raise ProcessError(error)
         return reply
 
+    async def known(self, pid: int) -> None:
+        """Return if pid is running or ended lately.
+
+        Raises:
+            ProcessNotFound: neither (its end, told while it was asked about, counts: the
+                supervisor tells an end before it answers that the process is gone).
+        """
+        if pid in self.ended:
+            return
+        try:
+            await self.request("proc.signal", pid=pid, signal=0)
+        except ProcessNotFound:
+            if pid not in self.ended:
+                raise
+
     def watch(self, pid: int) -> Watcher:
         """Listen to pid's output from now on, and its end (at once if it ended lately)."""
         watcher = Watcher(pid, self)
