@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -124,16 +124,29 @@ def test_a_session_fetches_what_its_policy_names_over_http_and_https(
     assert lines[2] == "http://127.0.0.1:3128 localhost,127.0.0.1,::1"
     wanted = {("allowed", plain, "GET"), ("allowed", secure, "CONNECT")}
 
-    def seen() -> set[tuple[Any, ...]]:
-        records = [json.loads(line) for line in world["audit"].read_text().splitlines()]
-        return {(r["decision"], r["port"], r["method"]) for r in records if r["session"] == session}
+    mine = audit_records(
+        world,
+        session,
+        lambda records: {(r["decision"], r["port"], r["method"]) for r in records} >= wanted,
+    )
+    assert {(r["decision"], r["port"], r["method"]) for r in mine} >= wanted
 
-    # A connection's record is written as it ends, which may come just after the cell that
-    # made it returned (the tunnel's close crosses the door after the answer).
+
+def audit_records(
+    world: dict[str, Any], session: str, complete: Callable[[list[dict[str, Any]]], bool]
+) -> list[dict[str, Any]]:
+    """session's audit records, once complete says they are all there (a connection's
+    record is written as it ends, which may come just after the cell that made it returned:
+    the connection's close crosses the door after the answer)."""
+
+    def mine() -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in world["audit"].read_text().splitlines()]
+        return [r for r in records if r["session"] == session]
+
     deadline = time.monotonic() + 60
-    while not seen() >= wanted and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert seen() >= wanted
+    while not complete(found := mine()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the audit file, with a deadline
+    return found
 
 
 def test_refusals_reach_the_cell_with_the_rule_named(
@@ -376,8 +389,12 @@ def test_secrets_stay_on_the_host_and_reach_only_their_hosts(
     seen = dict(AUTHORIZATIONS)
     assert seen["/with-secret"] == f"Bearer {SECRET_VALUE}"  # put in on the host
     assert seen["/not-its-host"] == f"Bearer {placeholder}"  # another host: as it was sent
-    records = [json.loads(line) for line in world["audit"].read_text().splitlines()]
-    mine = [r for r in records if r["session"] == session]
+    mine = audit_records(
+        world,
+        session,
+        lambda records: any(r.get("intercepted") for r in records)
+        and any(r.get("leaked") for r in records),
+    )
     (intercepted,) = [r for r in mine if r.get("intercepted")]
     assert intercepted["secrets"] == ["API_TOKEN"] and intercepted["status"] == 200
     (leak,) = [r for r in mine if r.get("leaked")]
@@ -427,6 +444,7 @@ def test_large_downloads_arrive_whole_over_http_and_https(
     assert result["stdout"].split() == [str(40 << 20)] * 2, result
 
 
+@pytest.mark.timeout(400)  # two servers of its own, then the module's server's shutdown
 def test_a_session_paused_at_shutdown_comes_back_with_its_egress(
     world: dict[str, Any], tmp_path: Path
 ) -> None:
