@@ -392,8 +392,9 @@ def test_secrets_stay_on_the_host_and_reach_only_their_hosts(
     mine = audit_records(
         world,
         session,
-        lambda records: any(r.get("intercepted") for r in records)
-        and any(r.get("leaked") for r in records),
+        lambda records: (
+            any(r.get("intercepted") for r in records) and any(r.get("leaked") for r in records)
+        ),
     )
     (intercepted,) = [r for r in mine if r.get("intercepted")]
     assert intercepted["secrets"] == ["API_TOKEN"] and intercepted["status"] == 200
