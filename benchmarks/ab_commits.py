@@ -12,9 +12,12 @@ Each round starts one revision later than the one before (A B, B A; A B C, B C A
 The medians of the rounds' p50s are compared, each against the first revision's,
 within the same time window, so that the machine's load, which changes by the minute on a
 shared machine, weighs on both alike; the spread of the rounds says how far to trust them.
-The server process's own CPU time per operation (from /proc, warm-up included) and its
-sandboxes' (their cgroups' cpuacct, cgroup v1) are printed too: a busy machine changes
-them far less than latency.
+The server process's own CPU time per operation (from /proc) and its sandboxes' (their
+cgroups' cpuacct, cgroup v1) are printed too: a busy machine changes them far less than
+latency. Each round runs each workload twice, N and 2N operations: every run makes its
+own session, which the warm pool replaces by starting a sandbox, so the CPU per operation
+is the difference of the two runs over the N operations between them (start-ups cancel
+out); the latency is the 2N run's.
 """
 
 from __future__ import annotations
@@ -174,14 +177,22 @@ def main() -> int:
                 server = Server(trees[rev], scratch / f"run-{round_}-{rev}", args.server_arg)
                 try:
                     for workload in workloads:
-                        cpu_before = server.cpu_s()
-                        sandboxes_before = server.sandboxes_cpu_s()
-                        result = bench(server, workload, args.requests)
+                        # Each run makes a session, and the pool refills behind it: the CPU
+                        # of a run of n and of 2n differ by n operations alone.
+                        spent = []
+                        for requests in (args.requests, 2 * args.requests):
+                            cpu_before = server.cpu_s()
+                            sandboxes_before = server.sandboxes_cpu_s()
+                            result = bench(server, workload, requests)
+                            spent.append(
+                                (
+                                    server.cpu_s() - cpu_before,
+                                    server.sandboxes_cpu_s() - sandboxes_before,
+                                )
+                            )
                         operations = args.requests + args.requests // 10  # and the warm-up
-                        cpu_ms = (server.cpu_s() - cpu_before) * 1000 / operations
-                        sandboxes_ms = (
-                            (server.sandboxes_cpu_s() - sandboxes_before) * 1000 / operations
-                        )
+                        cpu_ms = (spent[1][0] - spent[0][0]) * 1000 / operations
+                        sandboxes_ms = (spent[1][1] - spent[0][1]) * 1000 / operations
                         p50s[rev][workload].append(result["p50_ms"])
                         cpus[rev][workload].append(cpu_ms)
                         sandbox_cpus[rev][workload].append(sandboxes_ms)

@@ -86,13 +86,20 @@ def _raw(
     server: ServerThread, data: bytes, answers: int
 ) -> list[tuple[int, dict[str, str], bytes]]:
     """Send bytes as they are on one connection; the answers read from it (status, headers
-    in lower case, body), as many as come before it closes or answers are read."""
+    in lower case, body), as many as come before it closes, goes quiet or answers are
+    read. The first answer may take long (a sandbox's app); one more, to requests sent
+    together, would follow at once: 10 s of quiet after one ends the reading."""
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
         sock.sendall(data)
         reader = sock.makefile("rb")
         found = []
         for _ in range(answers):
-            status_line = reader.readline()
+            if found:
+                sock.settimeout(10)
+            try:
+                status_line = reader.readline()
+            except TimeoutError:
+                break
             if not status_line:
                 break
             headers: dict[str, str] = {}

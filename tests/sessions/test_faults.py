@@ -121,9 +121,14 @@ def runsc_processes(root: Path) -> list[str]:
     return [line for line in done.stdout.splitlines() if "pgrep" not in line]
 
 
+CYCLES = 200
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_a_thousand_create_close_cycles_leak_nothing(make_server):
+def test_create_close_cycles_leak_nothing(make_server):
+    """CYCLES sessions made and closed, each a sandbox started and ended: a leak of any one
+    cycle shows in the exact counts at rest (a soak of thousands is a benchmark's job)."""
     server = make_server(pool_size=4, pool_max=4)  # a pool that never grows: compare at rest
     manager = server.server.manager
     state = server.server.backend.state.path
@@ -145,16 +150,16 @@ def test_a_thousand_create_close_cycles_leak_nothing(make_server):
     # start far beyond the threshold gets waits for its answer.
     server.server.backend.platform_for_new(10**6)
     before = counts()
-    for i in range(1000):
+    for i in range(CYCLES):
         info = server.call(manager.create())
-        if i % 100 == 0:  # now and then, run a cell too
+        if i % 50 == 0:  # now and then, run a cell too
             result = server.call(manager.execute(info.id, "1 + 1"))
             assert result.result_text == "2"
         server.call(manager.close(info.id))
     server.call(manager.pool.wait_full())
     after = counts()
     assert manager.session_count == 0
-    assert manager.created >= 1000
+    assert manager.created >= CYCLES
     # What's held at rest is the same as before: the pool's sandboxes and nothing else. The
     # descriptors are the whole test process's: one that an earlier test left for the
     # garbage collector may close meanwhile (the full suite saw 74 before, 68 after), so

@@ -11,6 +11,7 @@ says which are used through `in_use`.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -312,32 +313,48 @@ class Templates:
         """Run a build to its end and record how it ended."""
         work = self.root / f".build-{name}-{secrets.token_hex(4)}"
         started = time.monotonic()
+        failure: str | None = None
         try:
             async with self._slots:
                 info.progress = {"phase": "starting"}
                 rootfs = await images.build(source, work, info)
                 await asyncio.to_thread(os.rename, rootfs, self.root / name / ROOTFS)
-            info.state, info.error, info.progress = TemplateState.READY, None, {}
-            info.log.append(f"built in {time.monotonic() - started:.1f} s")
             log.info("template %s built in %.1f s", name, time.monotonic() - started)
         except asyncio.CancelledError:
-            info.fail("cancelled: the server stopped, or the template was deleted")
+            failure = "cancelled: the server stopped, or the template was deleted"
             raise
         except TemplateFailed as exc:
-            info.fail(str(exc))
+            failure = str(exc)
             log.warning("template %s failed: %s", name, exc)
         except Exception as exc:
             log.exception("template %s: the build broke", name)
-            info.fail(f"the build broke: {type(exc).__name__}: {exc}")
+            failure = f"the build broke: {type(exc).__name__}: {exc}"
         finally:
-            await self._finish(name, info, work, received)
+            await self._finish(name, info, work, received, failure, time.monotonic() - started)
 
     async def _finish(
-        self, name: str, info: TemplateInfo, work: Path, received: Path | None
+        self,
+        name: str,
+        info: TemplateInfo,
+        work: Path,
+        received: Path | None,
+        failure: str | None,
+        took_s: float,
     ) -> None:
         """A build's leftovers removed and its record written (unless it is being deleted),
-        to the end even when cancelled meanwhile."""
-        record = None if self._busy.get(name) == "deleted" else json.dumps(info.to_json())
+        to the end even when cancelled meanwhile; only then is its end seen (READY, or
+        FAILED with why)."""
+
+        def end(info: TemplateInfo) -> None:
+            if failure is not None:
+                info.fail(failure)
+            else:
+                info.state, info.error, info.progress = TemplateState.READY, None, {}
+                info.log.append(f"built in {took_s:.1f} s")
+
+        ended = copy.deepcopy(info)
+        end(ended)
+        record = None if self._busy.get(name) == "deleted" else json.dumps(ended.to_json())
 
         def clean() -> None:
             shutil.rmtree(work, ignore_errors=True)
@@ -352,6 +369,7 @@ class Templates:
         try:
             await _to_the_end(clean)
         finally:
+            end(info)
             self._builds.pop(name, None)
 
     def check_deletable(self, name: str) -> None:
