@@ -16,14 +16,16 @@ import pytest
 
 from cloche.client.tcp import TCPClient
 from cloche.config import Limits
-from support import CANARY, ServerThread, make_config, require_gvisor
+from support import CANARY, ServerThread, make_config, require_gvisor, slowness
 
+# As many times longer as this machine is slower than this project's (an emulated CPU).
+SLOW = slowness()
 LIMITS = Limits(
     # Generous on purpose: attacks that end by a time limit pass their own (1-3 s); the rest
     # (20 MB of output, a memory bomb) must not hit it on a busy 2-core machine, nor a cell
     # spinning in 17 threads miss its grace after the interrupt there.
-    cell_timeout_s=15.0,
-    interrupt_grace_s=2.0,
+    cell_timeout_s=15.0 * SLOW,
+    interrupt_grace_s=2.0 * SLOW,
     memory_mib=512,
     nproc=64,
     disk_mib=32,
@@ -83,7 +85,8 @@ class Attacker:
 class Witness:
     """A bystander session that keeps running cells while an attack happens elsewhere."""
 
-    MAX_LATENCY_S = 2.0  # far above normal (~1 ms); an attack must not stall the server
+    # far above normal (~1 ms); an attack must not stall the server
+    MAX_LATENCY_S = 2.0 * SLOW
 
     def __init__(self, server: ServerThread) -> None:
         self.client: TCPClient = server.client()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from support import slowness
+
+SLOW = slowness()  # as many times longer as this machine is slower (an emulated CPU)
+
 TRY = (
     "import os, errno\n"
     "def attempt(fn, *args):\n"
@@ -46,7 +50,8 @@ def test_cant_become_root(attacker, witness):
             "    for tool in tools:\n"
             "        try:\n"
             "            done = subprocess.run(\n"
-            "                tool, capture_output=True, timeout=5, stdin=subprocess.DEVNULL)\n"
+            f"                tool, capture_output=True, timeout={5 * SLOW:g}, "
+            "stdin=subprocess.DEVNULL)\n"
             "        except FileNotFoundError:\n"
             "            continue\n"
             "        if done.returncode == 0 and b'uid=0' in done.stdout:\n"
