@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -140,7 +141,21 @@ class ServerThread:
         """Run coro on the server's loop; timeout_s as on this project's machines (scaled by
         slowness() here)."""
         future: Future[object] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-        return future.result(timeout_s * slowness())
+        try:
+            return future.result(timeout_s * slowness())
+        except TimeoutError:
+            told = asyncio.run_coroutine_threadsafe(_print_tasks(), self.loop)
+            with contextlib.suppress(Exception):  # a loop that never comes back tells nothing
+                told.result(10)
+            raise
+
+
+async def _print_tasks() -> None:
+    """Every task of the running loop and where it waits, on stderr (for a call that took
+    too long: the test's report then says what the server was doing)."""
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        print(f"-- {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
 
     @property
     def tcp_port(self) -> int:
