@@ -152,14 +152,6 @@ class ServerThread:
                 told.result(10)
             raise
 
-
-async def _print_tasks() -> None:
-    """Every task of the running loop and where it waits, on stderr (for a call that took
-    too long: the test's report then says what the server was doing)."""
-    for task in asyncio.all_tasks() - {asyncio.current_task()}:
-        print(f"-- {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
-        task.print_stack(limit=12, file=sys.stderr)
-
     @property
     def tcp_port(self) -> int:
         assert self.server.tcp.port is not None
@@ -172,6 +164,14 @@ async def _print_tasks() -> None:
 
     def client(self) -> TCPClient:
         return TCPClient("127.0.0.1", self.tcp_port)
+
+
+async def _print_tasks() -> None:
+    """Every task of the running loop and where it waits, on stderr (for a call that took
+    too long: the test's report then says what the server was doing)."""
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        print(f"-- {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
 
 
 def adopt(module_path: str, namespace: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
