@@ -1,15 +1,19 @@
 """The host's view of a sandbox's processes (sessions.processes.ProcessTable), against the
-frames a process supervisor sends, in the order it sends them."""
+frames a process supervisor sends, in the order it sends them; and a session's idle clock
+beside it."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cloche.errors import ProcessNotFound
+from cloche.config import Limits
+from cloche.errors import ProcessError, ProcessNotFound
 from cloche.sessions.processes import Exit, ProcessTable
+from cloche.sessions.session import Session
 
 
 class Supervisor:
@@ -56,3 +60,50 @@ async def test_a_process_never_seen_is_not_found() -> None:
     )
     with pytest.raises(ProcessNotFound, match="process 12 is not running"):
         await supervisor.table.known(12)
+
+
+class FrozenSandbox:
+    """What a session's idle clock asks of a sandbox: its CPU (not counted here) and the
+    freezer (each freeze counted)."""
+
+    file_owner = None
+    workdir = Path("/nonexistent")
+    limits = Limits()
+
+    def __init__(self) -> None:
+        self.frozen = 0
+
+    def cpu_seconds(self) -> None:
+        return None
+
+    def freeze(self) -> None:
+        self.frozen += 1
+
+    def thaw(self) -> None:
+        pass
+
+
+class SilentKernel:
+    """A kernel whose supervisor has not answered yet (requests are sent, never replied)."""
+
+    alive = True
+
+    def __init__(self) -> None:
+        self.sandbox = FrozenSandbox()
+        self.processes = ProcessTable(lambda message: None)
+
+
+async def test_a_session_is_not_frozen_while_its_supervisor_owes_an_answer() -> None:
+    # Frozen mid-request, the supervisor would answer nothing until the next cell thawed it:
+    # a file read after a pause waited out its 90 s so.
+    kernel = SilentKernel()
+    session = Session("s", kernel, None, 1, freeze_idle_s=0.01)  # type: ignore[arg-type]
+    asked = asyncio.create_task(kernel.processes.request("proc.fs", _timeout_s=0.3, do="stat"))
+    with pytest.raises(ProcessError, match="did not answer"):
+        await asked
+    assert kernel.sandbox.frozen == 0  # not while it was asked
+    deadline = asyncio.get_running_loop().time() + 30
+    while not kernel.sandbox.frozen:  # idle once answered (or given up on): frozen again
+        assert asyncio.get_running_loop().time() < deadline, "never frozen once idle"
+        await asyncio.sleep(0.01)
+    session._cancel_freeze()

@@ -53,6 +53,7 @@ class ComputerSessions(RunningSessions):
         session = self._find(session_id, owner)
         await session.wake()
         session.touch()
+        session.idle_from_now()  # a request is activity: the idle clock starts again
         kernel = session.kernel
         if kernel is None or not kernel.alive:
             raise SessionNotFound(session_id)

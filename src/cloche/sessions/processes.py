@@ -154,6 +154,11 @@ class ProcessTable:
             raise ProcessError(error)
         return reply
 
+    @property
+    def asking(self) -> bool:
+        """Whether a request waits for the supervisor's answer."""
+        return bool(self._asked)
+
     async def known(self, pid: int) -> None:
         """Return if pid is running or ended lately.
 

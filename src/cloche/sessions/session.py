@@ -335,11 +335,21 @@ class Session:
             and not self._lock.locked()
             and self.usable
             and not self.in_use
+            and not self._asking
         )
+
+    @property
+    def _asking(self) -> bool:
+        """Whether its process supervisor owes an answer (a file operation, a command's
+        start or signal): frozen meanwhile, it would answer nothing until the next cell."""
+        return self.kernel is not None and self.kernel.processes.asking
 
     def _freeze_if_idle(self) -> None:
         """The idle period is over: watch the sandbox's CPU use for FREEZE_PROBE_S."""
         self._freeze_timer = None
+        if self._asking:  # an answer's arrival restarts no clock: look again a period later
+            self.idle_from_now()
+            return
         if not self._idle or self.kernel is None:
             return
         used = self.kernel.sandbox.cpu_seconds()
