@@ -91,7 +91,7 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=2000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cloche-handoff-") as scratch:
-        with ServerThread(make_config(Path(scratch))) as server:
+        with ServerThread(make_config(Path(scratch) / "state")) as server:
             base = f"http://127.0.0.1:{server.http_port}"
             with httpx.Client(base_url=base, timeout=600) as http:
                 session = http.post("/v1/sessions", json={}).json()["id"]
