@@ -13,6 +13,17 @@ import pytest
 
 from support import slowness
 
+# The documented minimum for runsc (root mode) inside a container; AppArmor's docker-default
+# profile, where the kernel has AppArmor (Debian's), denies mount.
+RUN_FLAGS = (
+    "--cap-add",
+    "SYS_ADMIN",
+    "--security-opt",
+    "seccomp=unconfined",
+    "--security-opt",
+    "apparmor=unconfined",
+)
+
 
 def docker(*args: str, timeout_s: float = 120.0, check: bool = True) -> str:
     """docker's output; timeout_s as on this project's machines (scaled by slowness())."""

@@ -13,20 +13,10 @@ from typing import Any
 
 import pytest
 
-from dockerd import docker
+from dockerd import RUN_FLAGS, docker
 from support import REPO, SANDBOX_START_TIMEOUT_S, slowness
 
 IMAGE = "cloche:test"
-# The documented minimum for runsc (root mode) inside a container; AppArmor's docker-default
-# profile, where the kernel has AppArmor (Debian's), denies mount.
-RUN_FLAGS = (
-    "--cap-add",
-    "SYS_ADMIN",
-    "--security-opt",
-    "seccomp=unconfined",
-    "--security-opt",
-    "apparmor=unconfined",
-)
 
 
 def build_image(tag: str = IMAGE) -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from cloche.client.tcp import TCPClient
 from cloche.sandbox import cgroups
+from dockerd import RUN_FLAGS
 from support import REPO, slowness
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800 * slowness())]
@@ -78,12 +79,7 @@ def test_without_writable_cgroups_it_says_which_limits_it_cant_enforce(run_conta
     """Read-only cgroups that are the host's (v1's default; on v2 with the host's cgroup
     namespace): nothing to make writable, and a warning that names what is not enforced."""
     container = run_container(
-        "--cap-add",
-        "SYS_ADMIN",
-        "--security-opt",
-        "seccomp=unconfined",
-        "--security-opt",
-        "apparmor=unconfined",
+        *RUN_FLAGS,
         *HOST_CGROUPNS,
         env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
     ).ready()
@@ -140,12 +136,7 @@ def test_with_the_host_s_cgroups_mounted_it_enforces_them_all(run_container) -> 
     """The host's hierarchy mounted read-write, in the host's cgroup namespace (on v2 a
     cgroup namespace of its own could not reach its groups there)."""
     container = run_container(
-        "--cap-add",
-        "SYS_ADMIN",
-        "--security-opt",
-        "seccomp=unconfined",
-        "--security-opt",
-        "apparmor=unconfined",
+        *RUN_FLAGS,
         *HOST_CGROUPNS,
         "-v",
         "/sys/fs/cgroup:/sys/fs/cgroup:rw",
@@ -157,12 +148,7 @@ def test_with_the_host_s_cgroups_mounted_it_enforces_them_all(run_container) -> 
 
 def test_docker_stop_shuts_it_down_cleanly_with_cloche_settings_from_env(run_container) -> None:
     container = run_container(
-        "--cap-add",
-        "SYS_ADMIN",
-        "--security-opt",
-        "seccomp=unconfined",
-        "--security-opt",
-        "apparmor=unconfined",
+        *RUN_FLAGS,
         env={"CLOCHE_LOG_FORMAT": "json", "CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
     ).ready()
     with TCPClient("127.0.0.1", container.tcp_port) as client:
@@ -216,12 +202,7 @@ def test_the_kubernetes_security_context_is_enough(run_container) -> None:
 
 def test_a_session_survives_docker_restart(run_container) -> None:
     container = run_container(
-        "--cap-add",
-        "SYS_ADMIN",
-        "--security-opt",
-        "seccomp=unconfined",
-        "--security-opt",
-        "apparmor=unconfined",
+        *RUN_FLAGS,
         env={"CLOCHE_POOL_SIZE": "1", "CLOCHE_DATA_POOL_SIZE": "0"},
     ).ready()
     with TCPClient("127.0.0.1", container.tcp_port) as client:

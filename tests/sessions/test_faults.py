@@ -128,7 +128,7 @@ CYCLES = 200
 @pytest.mark.timeout(1800)
 def test_create_close_cycles_leak_nothing(make_server):
     """CYCLES sessions made and closed, each a sandbox started and ended: a leak of any one
-    cycle shows in the exact counts at rest (a soak of thousands is a benchmark's job)."""
+    cycle shows in the exact counts at rest."""
     server = make_server(pool_size=4, pool_max=4)  # a pool that never grows: compare at rest
     manager = server.server.manager
     state = server.server.backend.state.path
