@@ -12,6 +12,7 @@ import pytest
 
 from cloche.config import Limits
 from cloche.errors import ProcessError, ProcessNotFound
+from cloche.sessions import commands
 from cloche.sessions.processes import Exit, ProcessTable
 from cloche.sessions.session import Session
 
@@ -107,3 +108,31 @@ async def test_a_session_is_not_frozen_while_its_supervisor_owes_an_answer() -> 
         assert asyncio.get_running_loop().time() < deadline, "never frozen once idle"
         await asyncio.sleep(0.01)
     session._cancel_freeze()
+
+
+async def test_a_timed_out_command_whose_end_is_never_told_still_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A wedged supervisor: it started the command and answers the kill, but never tells an
+    # end. The command ends as cloche ended it (timed out), said so, instead of waiting on.
+    monkeypatch.setattr(commands, "END_TOLD_S", 0.2)
+    supervisor = Supervisor(
+        {
+            "proc.start": [{"op": "proc.reply", "pid": 21}],
+            "proc.kill": [{"op": "proc.reply", "killed": 1}],
+        }
+    )
+    finished: list[commands.CommandResult] = []
+    runs = commands.Commands(
+        root_allowed=True,
+        output_limit=1 << 20,
+        history_bytes=1 << 20,
+        finished=lambda session, spec, result, front_end: finished.append(result),
+    )
+    spec = commands.CommandSpec(cmd="sleep 100", timeout_s=0.1)
+    async with asyncio.timeout(10):
+        result = await runs.run(None, supervisor.table, {"argv": ["sleep", "100"]}, spec)
+    assert (result.status, result.end_reason, result.exit_code) == ("timeout", "timeout", None)
+    assert result.stderr.endswith(commands.UNCONFIRMED)
+    assert [m["op"] for m in supervisor.asked] == ["proc.start", "proc.kill"]
+    assert finished == [result]

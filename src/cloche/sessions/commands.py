@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -23,8 +24,11 @@ from typing import Any
 from cloche.errors import Forbidden, NotSupported, ProcessError
 from cloche.sessions.processes import Event, Exit, Output, ProcessTable, Watcher
 
+log = logging.getLogger("cloche.session")
 DEFAULT_TIMEOUT_S = 60.0  # a foreground command's, as E2B's; 0: none
 MAX_ARGS_BYTES = 1 << 20  # a command line, its arguments and environment together
+END_TOLD_S = 30.0  # a killed command's end is told at once; past this its supervisor is stuck
+UNCONFIRMED = "\n[cloche: the sandbox's process supervisor did not tell the command's end]"
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,9 @@ class Collected:
         result.stderr = self.kept[2].decode(errors="replace")
         if end is not None and end.suspended:
             result.status, result.end_reason = "killed", "paused"
+        elif end is None and self.ending is not None:  # its end was never told
+            result.status = result.end_reason = self.ending
+            result.stderr += UNCONFIRMED
         elif end is None or (end.exit_code is None and end.signal is None):
             result.status, result.end_reason = "killed", "sandbox_died"
         elif self.ending is not None:
@@ -218,11 +225,12 @@ class Commands:
                 result = await asyncio.shield(drain)
         except TimeoutError:
             collected.ending = "timeout"
-            await _kill(table, pid)
-            result = await drain
+            result = await _kill_and_drain(table, pid, drain, watcher)
         except asyncio.CancelledError:
             collected.ending = "killed"
-            await asyncio.shield(self._kill_and_finish(table, pid, drain, session, spec, front_end))
+            await asyncio.shield(
+                self._kill_and_finish(table, pid, drain, watcher, session, spec, front_end)
+            )
             raise
         if result.end_reason != "paused":  # else its end is recorded once resumed
             self.finished(session, spec, result, front_end)
@@ -233,12 +241,12 @@ class Commands:
         table: ProcessTable,
         pid: int,
         drain: asyncio.Future[CommandResult],
+        watcher: Watcher,
         session: Any,
         spec: CommandSpec,
         front_end: str,
     ) -> None:
-        await _kill(table, pid)
-        self.finished(session, spec, await drain, front_end)
+        self.finished(session, spec, await _kill_and_drain(table, pid, drain, watcher), front_end)
 
     async def start(
         self,
@@ -277,7 +285,7 @@ class Commands:
                             await asyncio.shield(drain)
                     except TimeoutError:
                         collected.ending = "timeout"
-                        await _kill(table, pid)
+                        await _kill_and_drain(table, pid, drain, watcher)
                 result = await drain
             except asyncio.CancelledError:  # the server is stopping
                 watcher.close()
@@ -294,6 +302,21 @@ class Commands:
         for task in list(self._recorders):
             task.cancel()
         await asyncio.gather(*self._recorders, return_exceptions=True)
+
+
+async def _kill_and_drain(
+    table: ProcessTable, pid: int, drain: asyncio.Future[CommandResult], watcher: Watcher
+) -> CommandResult:
+    """Kill a command's tree and take its end; a supervisor that tells no end within
+    END_TOLD_S (stuck, its sandbox wedged) leaves the command ended as cloche ended it."""
+    await _kill(table, pid)
+    try:
+        async with asyncio.timeout(END_TOLD_S):
+            return await asyncio.shield(drain)
+    except TimeoutError:
+        log.warning("process %d: its end was not told after it was killed", pid)
+        watcher.abandon()
+        return await drain
 
 
 async def _kill(table: ProcessTable, pid: int) -> None:

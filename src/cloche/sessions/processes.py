@@ -82,6 +82,12 @@ class Watcher:
         finally:
             self.close()
 
+    def abandon(self) -> None:
+        """Stop listening and end the events at once, without the process's end (which
+        its supervisor did not tell)."""
+        self.close()
+        self.queue.put_nowait(None)
+
     def close(self) -> None:
         """Stop listening; pieces not taken yet count as taken."""
         if self.closed:
