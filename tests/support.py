@@ -135,7 +135,10 @@ class ServerThread:
 
     def stop(self) -> None:
         if self._thread.is_alive():
-            self.call(self.server.stop())
+            # Its sessions are paused to disk first: a wedged sandbox's checkpoint may take
+            # runsc's whole 120 s before the session is closed instead; leaving earlier
+            # would leave that sandbox running.
+            self.call(self.server.stop(), timeout_s=400)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(30)
             self.loop.close()
