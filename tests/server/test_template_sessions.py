@@ -265,7 +265,7 @@ def test_a_setuid_binary_of_the_image_gains_nothing(server, without_python, sess
 
 
 @pytest.mark.xfail(
-    reason="known bug (README, Known bugs): resumed from a pause, a session of an image "
+    reason="known bug (README, Known bugs): resumed from a pause on systrap, a session of an image "
     "template wedges at about 2 commands in 5 (its process supervisor spins in gVisor's brk "
     "or its command never ends); not found yet",
     strict=False,
