@@ -23,6 +23,7 @@ import pytest
 
 from cloche.config import Limits
 from cloche.sandbox.interpreter import FOREIGN_PYTHON
+from cloche.sessions.commands import UNCONFIRMED
 from dockerd import docker
 from images_support import IMAGE_MARKER, SETUID_ID
 from support import ServerThread, make_config, require_gvisor
@@ -264,20 +265,33 @@ def test_a_setuid_binary_of_the_image_gains_nothing(server, without_python, sess
     assert host.stdout == "0\n", host
 
 
-@pytest.mark.xfail(
-    reason="known bug (README, Known bugs): resumed from a pause on systrap, a session of an image "
-    "template wedges at about 2 commands in 5 (its process supervisor spins in gVisor's brk "
-    "or its command never ends); not found yet",
-    strict=False,
-)
-def test_an_image_session_runs_commands_after_each_pause(http, without_python, session_of):
+def test_an_image_session_after_a_pause_runs_commands_or_says_why_not(
+    http, without_python, session_of
+):
+    """A known bug (README, "A writable system"): a sandbox started on ptrace (`--platform
+    auto` under load) and restored on systrap wedges about half the time. Until it is fixed,
+    what a client gets is asserted: the right output, or, once the session has wedged, a
+    clear answer in bounded time (the supervisor did not answer; the command ended as cloche
+    ended it), never a hang."""
     session = session_of("nopython")
     assert session.sh("echo kept > /home/user/note", user="root")["exit_code"] == 0
     for _ in range(3):
         assert http.post(f"/v1/sessions/{session.id}/pause").status_code == 200
+        started = time.monotonic()
         done = http.post(
             f"/v1/sessions/{session.id}/commands",
             json={"cmd": "cat /home/user/note; id -u", "user": "root", "timeout": 15},
+            timeout=180,  # 15 s, then the kill's answer and the end's wait: 30 s each
         )
-        assert done.status_code == 200, done.text
-        assert (done.json()["stdout"], done.json()["exit_code"]) == ("kept\n0\n", 0), done.json()
+        if done.status_code == 200 and done.json()["end_reason"] == "ok":
+            assert (done.json()["stdout"], done.json()["exit_code"]) == ("kept\n0\n", 0)
+            continue
+        # Wedged: told, and in bounded time.
+        assert time.monotonic() - started < 120, done.text
+        if done.status_code == 200:
+            assert done.json()["end_reason"] == "timeout", done.json()
+            assert done.json()["stderr"].endswith(UNCONFIRMED), done.json()
+        else:
+            message = done.json()["error"]["message"]
+            assert "did not answer" in message or "was killed" in message, message
+        return
