@@ -189,7 +189,10 @@ def test_shell_answers_typed_input_takes_ctrl_c_follows_the_window_and_exits(
     try:
         child.sendline("echo $((6*7))X")
         child.expect("42X")
-        child.sendline("echo sleeping-$((1+1)); sleep 1000")
+        # The marker comes from the foreground job itself: by then the shell has given it
+        # the terminal, so the ^C below reaches it (typed earlier, it would reach the
+        # shell, which waits on, and the sleep would run on).
+        child.sendline("sh -c 'echo sleeping-$((1+1)); exec sleep 1000'")
         child.expect("sleeping-2")
         child.sendcontrol("c")  # raw mode: to the remote shell, which stops its sleep
         child.sendline("echo alive-$((2+3))")
