@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from cloche.sandbox import gvisor
+from cloche.sandbox import gvisor, runsc
 from cloche.sessions.session import SessionInfo
 
 
@@ -62,12 +62,13 @@ def test_a_burst_of_starts_goes_on_ptrace_beyond_the_threshold(make_server, monk
         server.call(manager.close(info.id))
 
 
-def test_a_session_started_on_ptrace_resumes_on_systrap(make_server, monkeypatch):
+def test_a_session_started_on_ptrace_is_restored_on_ptrace(make_server, monkeypatch):
     """A session started on ptrace while many sandboxes ran, paused, comes back with its
-    state on systrap, busy or not: images restore on the server's platform (one made on
-    systrap crashes when restored on ptrace, so restores never use ptrace)."""
+    state on ptrace, busy or not: an image is restored on the platform that made it (one
+    made on ptrace and restored on systrap wedged about half the time; one made on systrap
+    crashes on ptrace), and says so beside runsc's files."""
     monkeypatch.setattr(gvisor, "PTRACE_FROM_PER_CORE", 0)  # every start is "beyond"
-    server = make_server(pool_size=0)
+    server = make_server(pool_size=0, data_pool_size=0)
     if server.server.backend.runsc.platform != "systrap":
         pytest.skip("this runsc has no systrap: every sandbox runs on ptrace already")
     manager = server.server.manager
@@ -75,7 +76,29 @@ def test_a_session_started_on_ptrace_resumes_on_systrap(make_server, monkeypatch
     assert server.call(manager.execute(session_id, "x = 41")).status.value == "ok"
     assert platform_of(manager._sessions[session_id].kernel) == "ptrace"
     server.call(manager.pause(session_id))
+    [made_on] = server.config.data_dir.rglob(runsc.MADE_ON)
+    assert made_on.read_text() == "ptrace"
     server.call(manager.resume(session_id))
-    assert platform_of(manager._sessions[session_id].kernel) == "systrap"
+    kernel = manager._sessions[session_id].kernel
+    assert "restore" in kernel.sandbox.process.args and platform_of(kernel) == "ptrace"
     assert server.call(manager.execute(session_id, "x + 1")).result_text == "42"
+    server.call(manager.close(session_id))
+
+
+def test_a_pools_template_is_made_on_the_servers_platform_however_busy(make_server, monkeypatch):
+    """The sandbox whose checkpoint a pool restores for each of its clones starts on the
+    server's platform even when the host is busy: its clones are restored on the platform
+    that made it, and a busy moment at the server's start must not put them all on
+    ptrace."""
+    monkeypatch.setattr(gvisor, "PTRACE_FROM_PER_CORE", 0)
+    server = make_server(pool_size=0, data_pool_size=1)
+    if server.server.backend.runsc.platform != "systrap":
+        pytest.skip("this runsc has no systrap: every sandbox runs on ptrace already")
+    manager = server.server.manager
+    session_id = server.call(manager.create(profile="data")).id
+    kernel = manager._sessions[session_id].kernel
+    assert "restore" in kernel.sandbox.process.args and platform_of(kernel) == "systrap"
+    [made_on] = server.server.backend.state.path.rglob(runsc.MADE_ON)
+    assert made_on.read_text() == "systrap"
+    assert server.call(manager.execute(session_id, "import numpy; 6 * 7")).result_text == "42"
     server.call(manager.close(session_id))

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from cloche.config import Limits
+from cloche.sandbox import gvisor
 from cloche.sandbox.interpreter import FOREIGN_PYTHON
-from cloche.sessions.commands import UNCONFIRMED
 from dockerd import docker
 from images_support import IMAGE_MARKER, SETUID_ID
 from support import ServerThread, make_config, require_gvisor
@@ -265,33 +265,32 @@ def test_a_setuid_binary_of_the_image_gains_nothing(server, without_python, sess
     assert host.stdout == "0\n", host
 
 
-def test_an_image_session_after_a_pause_runs_commands_or_says_why_not(
-    http, without_python, session_of
+def test_a_session_started_on_ptrace_is_restored_on_ptrace_and_runs_commands(
+    server, http, without_python, session_of, monkeypatch
 ):
-    """A known bug (README, "A writable system"): a sandbox started on ptrace (`--platform
-    auto` under load) and restored on systrap wedges about half the time. Until it is fixed,
-    what a client gets is asserted: the right output, or, once the session has wedged, a
-    clear answer in bounded time (the supervisor did not answer; the command ended as cloche
-    ended it), never a hang."""
+    """`--platform auto` starts sandboxes beyond 2 per core on ptrace (here: all of them);
+    a pause's image is restored on the platform that made it. Restored on systrap, such a
+    session wedged about half the time (its supervisor spinning in the sentry's brk, or a
+    command never ending: benchmarks/image_pause_wedge.py)."""
+    backend = server.server.manager.backend
+    assert backend._ptrace_when_busy, "the test's server runs --platform auto on systrap"
+    monkeypatch.setattr(gvisor, "PTRACE_FROM_PER_CORE", 0)
     session = session_of("nopython")
+    if platform_asked(server, session) != ("run", "ptrace"):  # warm before: the next isn't
+        session = session_of("nopython")
+    assert platform_asked(server, session) == ("run", "ptrace")
     assert session.sh("echo kept > /home/user/note", user="root")["exit_code"] == 0
-    for _ in range(3):
+    for _ in range(4):
         assert http.post(f"/v1/sessions/{session.id}/pause").status_code == 200
-        started = time.monotonic()
-        done = http.post(
-            f"/v1/sessions/{session.id}/commands",
-            json={"cmd": "cat /home/user/note; id -u", "user": "root", "timeout": 15},
-            timeout=180,  # 15 s, then the kill's answer and the end's wait: 30 s each
-        )
-        if done.status_code == 200 and done.json()["end_reason"] == "ok":
-            assert (done.json()["stdout"], done.json()["exit_code"]) == ("kept\n0\n", 0)
-            continue
-        # Wedged: told, and in bounded time.
-        assert time.monotonic() - started < 120, done.text
-        if done.status_code == 200:
-            assert done.json()["end_reason"] == "timeout", done.json()
-            assert done.json()["stderr"].endswith(UNCONFIRMED), done.json()
-        else:
-            message = done.json()["error"]["message"]
-            assert "did not answer" in message or "was killed" in message, message
-        return
+        done = session.sh("cat /home/user/note; id -u", user="root")
+        assert (done["stdout"], done["exit_code"], done["end_reason"]) == ("kept\n0\n", 0, "ok")
+        assert platform_asked(server, session) == ("restore", "ptrace")
+
+
+def platform_asked(server: ServerThread, session: Session) -> tuple[str, str]:
+    """How runsc was asked to start a session's sandbox (run or restore) and on what."""
+    kernel = server.server.manager._sessions[session.id].kernel
+    args = [str(arg) for arg in kernel.sandbox.process.args]
+    verb = "restore" if "restore" in args else "run"
+    (platform,) = (arg.removeprefix("--platform=") for arg in args if arg.startswith("--platform="))
+    return verb, platform

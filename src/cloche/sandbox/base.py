@@ -80,6 +80,9 @@ class Sandbox(abc.ABC):
         self.exit_step: ExitStep | None = None
         self._cleaned = False
         self.urgent = False  # a session waits for this start: no lowered CPU weight
+        # Its checkpoint is restored many times (a pool's template): it starts as the
+        # backend starts sandboxes on a quiet host, whatever the load now.
+        self.for_clones = False
         # A checkpoint image to restore instead of starting the kernel afresh (see
         # `checkpoint`): the kernel comes back as it was saved, without a `ready` message.
         self.restore_from: Path | None = None

@@ -30,7 +30,7 @@ from cloche.sandbox.bundle import (
 )
 from cloche.sandbox.interpreter import Interpreters
 from cloche.sandbox.layers import System
-from cloche.sandbox.runsc import INSTALL_HINT, Runsc
+from cloche.sandbox.runsc import INSTALL_HINT, MADE_ON, Runsc, made_on
 
 PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not tried
 # With platform "auto", sandboxes started while this many per core already run use ptrace
@@ -266,7 +266,8 @@ class GVisorSandbox(Sandbox):
         self.mounts = kernel.mounts
         self._mounted = False
         self._counted = False  # in backend's count of live sandboxes
-        self.platform: str | None = None  # runsc's unless set (a restore is always runsc's)
+        # The platform it runs on: runsc's unless set; after `launch`, the one it runs on.
+        self.platform: str | None = None
         self._cpu_group_lock = threading.Lock()  # a move behind against the release
         self._released = False
         self._moved = False  # behind the host's processes (asked for: moves lag a little)
@@ -334,8 +335,11 @@ class GVisorSandbox(Sandbox):
         if backend.cgroups:  # v2: cloche makes the group (see cgroups.install)
             cgroups.install(config["linux"]["cgroupsPath"], config["linux"]["resources"])
         platform = self.platform
-        if platform is None and self.restore_from is None:  # restores: see run_args
+        if self.restore_from is not None:  # on the platform that made it: see run_args
+            platform = made_on(self.restore_from)
+        elif platform is None and not self.for_clones:
             platform = backend.platform_for_new(live)
+        self.platform = platform or self.runsc.platform  # its checkpoints record it
         with open(self.home / "runsc.log", "wb") as stderr:
             self.process = subprocess.Popen(
                 self.runsc.run_args(bundle, self.id, self.restore_from, platform),
@@ -401,9 +405,12 @@ class GVisorSandbox(Sandbox):
     ) -> str | None:
         self.thaw()
         image.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return self.runsc.checkpoint(
+        why = self.runsc.checkpoint(
             self.id, image, leave_running=leave_running, compressed=compressed
         )
+        if why is None:
+            (image / MADE_ON).write_text(self.platform or self.runsc.platform)
+        return why
 
     @property
     def _cgroup(self) -> str:

@@ -19,6 +19,21 @@ INSTALL_HINT = (
 )
 
 
+# The file a checkpoint image carries beside runsc's own: the platform that made it.
+MADE_ON = "cloche-platform"
+PLATFORMS = ("systrap", "ptrace", "kvm")
+
+
+def made_on(image: Path) -> str | None:
+    """The platform that made a checkpoint image (see `MADE_ON`); None when it doesn't say
+    (an image from before cloche recorded it) or says something that isn't a platform."""
+    try:
+        said = (image / MADE_ON).read_text().strip()
+    except OSError:
+        return None
+    return said if said in PLATFORMS else None
+
+
 class Runsc:
     """One runsc binary with one state root (`--root`) and platform."""
 
@@ -84,11 +99,13 @@ class Runsc:
         platform: str | None = None,
     ) -> list[str]:
         """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it, on
-        self.platform whatever platform made it: runsc 0.0~20240729 restores an image
-        made on ptrace on systrap, but one made on systrap crashes on ptrace."""
+        platform (else self.platform). An image must be restored on the platform that made
+        it (`made_on`): runsc 0.0~20240729 crashes restoring a systrap image on ptrace, and
+        a ptrace image restored on systrap starts but wedges about half the time (its
+        processes spin in the sentry's brk; benchmarks/image_pause_wedge.py)."""
         if image is not None:
             return [
-                *self.global_args(),
+                *self.global_args(platform),
                 "restore",
                 "--image-path",
                 str(image),

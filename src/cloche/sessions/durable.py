@@ -196,9 +196,8 @@ def unpack_home(data: bytes, home: Path) -> None:
 
 def _across_platforms(origin: str) -> str:
     """An origin without runsc's platform: a server picks ptrace for new sandboxes when
-    busy, and restores every image on its own platform. An image made on ptrace restores
-    on systrap; one made on systrap crashes on ptrace (runsc 0.0~20240729), so a node that
-    has only ptrace can't take a systrap node's images (the restore fails)."""
+    busy, and restores each image on the platform that made it (`runsc.made_on`), so a
+    node that can't run that platform can't take the image (the restore fails)."""
     return re.sub(r" (systrap|ptrace)(?= |$)", "", origin)
 
 

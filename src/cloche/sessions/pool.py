@@ -233,9 +233,11 @@ class WarmPool:
         image: Path | None = None,
         seed: Path | None = None,
         setup: SandboxSetup | None = None,
+        for_clones: bool = False,
     ) -> KernelClient:
         """A started kernel of the profile: restored from image, or started and preloaded
-        (on the disk saved in seed, if given); setup done to its sandbox first.
+        (on the disk saved in seed, if given); setup done to its sandbox first. for_clones:
+        the one whose checkpoint is the pool's image (see `Sandbox.for_clones`).
 
         Raises:
             SandboxStartError: it did not start.
@@ -246,6 +248,7 @@ class WarmPool:
         if setup is not None:
             await setup(sandbox)
         sandbox.urgent = urgent
+        sandbox.for_clones = for_clones
         sandbox.restore_from = image
         sandbox.seed = seed
         if image is not None:  # what its disk held (its layer: caches written while loading)
@@ -269,7 +272,7 @@ class WarmPool:
             image = self.backend.state.path / "templates" / self.profile.name
             started = time.perf_counter()
             try:
-                kernel = await self._start(urgent=True)
+                kernel = await self._start(urgent=True, for_clones=True)
             except SandboxStartError as exc:
                 log.warning("no %s template (%s): starting afresh", self.profile.name, exc)
                 self._no_image = True
