@@ -60,7 +60,7 @@ def pipes() -> Iterator[Pipes]:
     channel = Channel(kernel_read, kernel_write)
     made = Pipes(channel, host_write, host_read, {host_write, host_read, kernel_write})
     yield made
-    channel.close()
+    channel._reader.close()  # the channel owns its read fd and has no close() of its own
     for fd in made._open:
         os.close(fd)
 

@@ -33,7 +33,6 @@ class FakeHost:
         self.answer = answer
         self.requests: list[dict[str, Any]] = []
         self.arrived = threading.Condition()
-        self.router: Router | None = None  # the kernel's reader, once there is one
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -59,12 +58,10 @@ class FakeHost:
 
     def close(self) -> None:
         os.close(self.to_kernel_w)  # the kernel reads EOF
-        if self.router is not None:  # its reader gone before its fd is (numbers are reused)
-            self.router.close(10)
         os.close(self._kernel_write_fd())
         self._thread.join(10)
         os.close(self.from_kernel_r)
-        self.channel.close()
+        self.channel._reader.close()
 
     def _kernel_write_fd(self) -> int:
         return self.channel._write_fd
@@ -82,9 +79,7 @@ def bridge_for(host: FakeHost, max_request_bytes: int = 1 << 20) -> tuple[Bridge
     namespace: dict[str, Any] = {}
     bridge = Bridge(host.channel, namespace)
     bridge.install(max_prompt_chars=10_000, max_batch=4, max_request_bytes=max_request_bytes)
-    router = host.router = Router(host.channel, bridge, None)
-    router.start()
-    router.hand_over()  # as a cell's start does: the router's thread reads the replies
+    Router(host.channel, bridge, None).start()
     return bridge, namespace
 
 

@@ -16,9 +16,9 @@ Messages, kernel -> host:  {"op": "ready", "pid": int}
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import select
 import struct
 import threading
 from typing import Any
@@ -31,17 +31,11 @@ HEADER = struct.Struct(">I")
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-# What `recv` returns when its wake fd became readable before a whole frame arrived.
-WOKEN: dict[str, Any] = {"op": "woken"}
-
-
 class Channel:
-    """Frames in from one fd, frames out to another; sends are thread-safe. One thread at a
-    time receives (the router's turns: `router.Router`)."""
+    """Frames in from one fd, frames out to another; sends are thread-safe."""
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
-        self._read_fd = read_fd
-        self._buffer = bytearray()  # bytes read and not yet taken as frames
+        self._reader = io.open(read_fd, "rb", buffering=1 << 16)  # noqa: UP020
         self._write_fd = write_fd
         self._send_lock = threading.Lock()
 
@@ -55,30 +49,17 @@ class Channel:
         os.close(null)
         return cls(read_fd, write_fd)
 
-    def recv(self, wake_fd: int | None = None) -> dict[str, Any] | None:
-        """The next message from the host, or None when the host has gone; `WOKEN` if
-        wake_fd became readable first (what was read of a frame stays for the next call)."""
-        while True:
-            if len(self._buffer) >= HEADER.size:
-                (length,) = HEADER.unpack_from(self._buffer)
-                end = HEADER.size + length
-                if len(self._buffer) >= end:
-                    body = bytes(self._buffer[HEADER.size : end])
-                    del self._buffer[:end]
-                    message: dict[str, Any] = json.loads(body)
-                    return message
-            if wake_fd is not None:
-                ready, _, _ = select.select([self._read_fd, wake_fd], [], [])
-                if wake_fd in ready:
-                    return WOKEN
-            data = os.read(self._read_fd, 1 << 16)
-            if not data:
-                return None
-            self._buffer += data
-
-    def close(self) -> None:
-        """Close the fd it reads (its write fd is the caller's)."""
-        os.close(self._read_fd)
+    def recv(self) -> dict[str, Any] | None:
+        """The next message from the host, or None when the host has gone."""
+        header = self._reader.read(HEADER.size)
+        if len(header) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack(header)
+        body = self._reader.read(length)
+        if len(body) < length:
+            return None
+        message: dict[str, Any] = json.loads(body)
+        return message
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one frame, whole, even if a signal interrupts the write."""

@@ -1,10 +1,6 @@
 """The kernel's reader of its channel: every frame from the host goes to whoever it is for.
 
-Between cells the main thread reads the channel itself (a cell's frame reaches it without a
-thread's hand-off, the warm cell's cost); while a cell runs, the router's thread reads it.
-The turn passes at a cell's start (the main thread wakes the router and runs the cell) and
-at its end (the main thread, its `done` sent, wakes the router out of its wait through a
-pipe and takes the channel back). Whoever reads routes each frame:
+One thread reads the host's frames for the life of the kernel and routes each:
     exec                          -> the main thread, which runs cells one at a time
     llm_reply, pip_reply, ...     -> the cell's caller waiting for it (`llm.Bridge`)
     proc.*                        -> the process supervisor (`procd`), over its socket
@@ -17,15 +13,15 @@ the supervisor's own flow control, never by the cell.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
+import queue
 import socket
 import struct
 import threading
 from typing import Any
 
-from .channel import WOKEN, Channel
+from .channel import Channel
 from .llm import Bridge
 
 _HEADER = struct.Struct(">I")
@@ -48,16 +44,10 @@ class Router:
         self._supervisor = supervisor
         self._relay = relay  # the ports' relay
         self._send_lock = threading.Lock()  # frames to the supervisor go whole
-        self._turn = threading.Condition()
-        self._routers_turn = False  # the router's thread reads the channel (a cell runs)
-        self._gone = False  # the host closed the channel
-        self._cells: collections.deque[dict[str, Any]] = collections.deque()  # read by it
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self.thread = threading.Thread(target=self._read_host, name="cloche-router", daemon=True)
+        self._cells: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
 
     def start(self) -> None:
-        self.thread.start()
+        threading.Thread(target=self._read_host, name="cloche-router", daemon=True).start()
         for name, helper in (("cloche-procd", self._supervisor), ("cloche-ports", self._relay)):
             if helper is not None:
                 threading.Thread(
@@ -65,80 +55,22 @@ class Router:
                 ).start()
 
     def next_cell(self) -> dict[str, Any] | None:
-        """The next `exec` message, or None once the host has gone; called by the main
-        thread between cells. It takes the channel back from the router's thread, reads and
-        routes frames itself until a cell comes, then hands the channel to that thread for
-        the cell's time."""
-        self._take_back()
-        while not self._cells and not self._gone:
-            try:
-                message = self._channel.recv()
-            except Exception:  # the host sends valid frames; else it is gone
-                message = None
-            if message is None:
-                self._lost()
-            else:
-                self._route(message)
-        if not self._cells:
-            return None
-        self.hand_over()
-        return self._cells.popleft()
-
-    def hand_over(self) -> None:
-        """Let the router's thread read the channel until `next_cell` takes it back."""
-        if self._gone:  # its thread has ended
-            return
-        with self._turn:
-            self._routers_turn = True
-            self._turn.notify()
-
-    def _take_back(self) -> None:
-        with self._turn:
-            if self._routers_turn:
-                os.write(self._wake_w, b"!")
-                while self._routers_turn:
-                    self._turn.wait()
-            try:  # a wake the router took its turn's end from another cause for
-                os.read(self._wake_r, 64)
-            except BlockingIOError:
-                pass
+        """The next `exec` message, or None once the host has gone."""
+        return self._cells.get()
 
     def _read_host(self) -> None:
-        while True:
-            with self._turn:
-                while not self._routers_turn:
-                    self._turn.wait()
-            try:
-                while (message := self._channel.recv(self._wake_r)) is not WOKEN:
-                    if message is None:
-                        self._lost()
-                        break
-                    self._route(message)
-            except Exception:  # the host sends valid frames; else it is gone
-                self._lost()
-            with self._turn:
-                self._routers_turn = False
-                self._turn.notify_all()
-            if self._gone:
-                return
-
-    def close(self, timeout_s: float) -> None:
-        """Once the host has closed the channel: wait for the router's thread to end, and
-        close the wake pipe (a kernel's router lives as long as it; a test's does not)."""
-        self.thread.join(timeout_s)
-        if not self.thread.is_alive():
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-
-    def _lost(self) -> None:
-        if not self._gone:
-            self._gone = True
-            self._bridge.lost()
+        try:
+            while (message := self._channel.recv()) is not None:
+                self._route(message)
+        except Exception:  # noqa: S110  # the host sends valid frames; else it is gone
+            pass
+        self._bridge.lost()
+        self._cells.put(None)
 
     def _route(self, message: dict[str, Any]) -> None:
         op = message.get("op")
-        if op == "exec":  # read by the router's thread: the next cell, sent as one ended
-            self._cells.append(message)
+        if op == "exec":
+            self._cells.put(message)
         elif isinstance(op, str) and op.startswith("proc."):
             self._to_supervisor(message)
         elif isinstance(op, str) and op.startswith("ports."):
