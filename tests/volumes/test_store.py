@@ -15,6 +15,7 @@ import pytest
 from cloche.config import MIB
 from cloche.errors import (
     ConfigError,
+    VolumeError,
     VolumeExists,
     VolumeFull,
     VolumeNotFound,
@@ -23,7 +24,7 @@ from cloche.errors import (
 from cloche.sandbox import mounts
 from cloche.volumes import quota
 from cloche.volumes.files import VolumeFiles
-from cloche.volumes.store import VolumeStore
+from cloche.volumes.store import IMAGE, VolumeStore
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -87,6 +88,58 @@ def test_a_read_only_lease_is_read_only_on_the_host(store: VolumeStore) -> None:
     assert (reader.directory / "f").read_text() == "kept"
     reader.release()
     writer.release()
+
+
+def attach_unmountable(image: Path) -> str:
+    """A loop device attached to image at an offset, where no file system starts."""
+    return subprocess.run(
+        ["losetup", "-f", "--show", "-o", "4096", str(image)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def test_a_loop_device_on_its_way_out_is_waited_for_then_the_volume_mounts(
+    store: VolumeStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last lease's unmount is lazy: its loop device lets go of the image just after,
+    and a lease taken meanwhile found it still attached, could not read a superblock
+    through it and failed (a 503 once in a full run). Simulated: a device that can't be
+    mounted, let go as the mount through it fails."""
+    store.create(OWNER, "data", 8)
+    [image] = root.rglob(IMAGE)
+    device = attach_unmountable(image)
+    mount_through = quota._run
+
+    def run(command: list[str], what: str) -> None:
+        try:
+            mount_through(command, what)
+        except VolumeError:
+            if device in command:
+                subprocess.run(["losetup", "-d", device], check=True)
+            raise
+
+    monkeypatch.setattr(quota, "_run", run)
+    lease = store.lease(OWNER, "data")
+    (lease.directory / "f").write_text("x")
+    lease.release()
+    assert mounts.mounts_under(root) == [] and attached(root) == []
+
+
+def test_a_loop_device_that_stays_attached_is_an_error_not_a_second_file_system(
+    store: VolumeStore, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create(OWNER, "data", 8)
+    [image] = root.rglob(IMAGE)
+    monkeypatch.setattr(quota, "DETACH_WAIT_S", 0.5)
+    device = attach_unmountable(image)
+    try:
+        with pytest.raises(VolumeError, match="could not mount the volume"):
+            store.lease(OWNER, "data")
+        assert mounts.mounts_under(root) == []
+    finally:
+        subprocess.run(["losetup", "-d", device], check=True)
 
 
 def test_names_are_per_owner_and_checked(store: VolumeStore) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from cloche.config import MIB
@@ -33,6 +34,7 @@ from cloche.errors import VolumeError
 MKFS_OPTIONS = ("-q", "-F", "-T", "default", "-O", "^has_journal", "-m", "0", "-E", "nodiscard")
 MOUNT_OPTIONS = "nosuid,nodev,noatime"
 COMMAND_TIMEOUT_S = 120.0  # mkfs or fsck of a large image on a busy disk
+DETACH_WAIT_S = 10.0  # a loop device's autoclear after the last unmount, on a busy host
 # e2fsck -p's exit status: 0 clean, 1 repaired, 2 repaired (reboot advised, not for us)
 _FSCK_FINE = (0, 1, 2)
 
@@ -74,8 +76,16 @@ def mount_image(image: Path, point: Path) -> None:
     """
     device = attached_device(image)
     if device is not None:
-        _run(["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, str(point)], "mount")
-        return
+        try:
+            _run(["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, str(point)], "mount")
+            return
+        except VolumeError:
+            # A device on its way out: the last unmount was lazy, and the loop device lets
+            # go of the image just after (its superblock can't be read meanwhile). Once
+            # it has, the image is mounted afresh. One that stays is still in use (a
+            # second file system on the image would corrupt it): that is the error.
+            if not _let_go(image, DETACH_WAIT_S):
+                raise
     done = subprocess.run(
         ["e2fsck", "-p", str(image)],
         capture_output=True,
@@ -96,6 +106,16 @@ def usage(point: Path) -> tuple[int, int]:
     and what they may take in all (its size less ext4's own metadata)."""
     fs = os.statvfs(point)
     return (fs.f_blocks - fs.f_bfree) * fs.f_frsize, fs.f_blocks * fs.f_frsize
+
+
+def _let_go(image: Path, wait_s: float) -> bool:
+    """Whether no loop device is attached to image within wait_s (blocking)."""
+    deadline = time.monotonic() + wait_s
+    while attached_device(image) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # the kernel's autoclear gives no event to wait on
+    return True
 
 
 def _run(command: list[str], what: str) -> None:
