@@ -78,7 +78,7 @@ def rounds_of(http: httpx.Client, template: str, rounds: int) -> collections.Cou
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--platform", default="systrap", help="systrap or ptrace")
+    parser.add_argument("--platform", default="systrap", help="auto, systrap or ptrace")
     parser.add_argument("--pool-size", type=int, default=2, help="warm sandboxes per template")
     parser.add_argument("--ptrace-from", type=int, help="sandboxes per core before ptrace")
     args = parser.parse_args()

@@ -342,7 +342,7 @@ class GVisorSandbox(Sandbox):
         self.platform = platform or self.runsc.platform  # its checkpoints record it
         with open(self.home / "runsc.log", "wb") as stderr:
             self.process = subprocess.Popen(
-                self.runsc.run_args(bundle, self.id, self.restore_from, platform),
+                self.runsc.run_args(bundle, self.id, self.restore_from, self.platform),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,

@@ -21,7 +21,7 @@ INSTALL_HINT = (
 
 # The file a checkpoint image carries beside runsc's own: the platform that made it.
 MADE_ON = "cloche-platform"
-PLATFORMS = ("systrap", "ptrace", "kvm")
+KNOWN_PLATFORMS = ("systrap", "ptrace", "kvm")  # runsc's names (cloche tries fewer)
 
 
 def made_on(image: Path) -> str | None:
@@ -31,7 +31,7 @@ def made_on(image: Path) -> str | None:
         said = (image / MADE_ON).read_text().strip()
     except OSError:
         return None
-    return said if said in PLATFORMS else None
+    return said if said in KNOWN_PLATFORMS else None
 
 
 class Runsc:
