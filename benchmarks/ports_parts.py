@@ -60,15 +60,14 @@ APP = textwrap.dedent(
 )
 FLOOR_RELAY = textwrap.dedent(
     """
-    import json, socket, struct, sys, threading
+    import json, sys
     sys.path.insert(0, "/opt/cloche")
     from cloche.kernel import ports
-    ours, theirs = socket.socketpair()
-    threading.Thread(target=ports.Relay(theirs).run, daemon=True).start()
-    body = json.dumps({"op": "ports.open", "rid": 1, "door": sys.argv[1], "spare": 2}).encode()
-    ours.sendall(struct.pack(">I", len(body)) + body)
-    print(ours.recv(65536)[4:].decode(), flush=True)
-    threading.Event().wait()
+    relay = ports.Relay()
+    opened = relay.handle({"op": "ports.open", "door": sys.argv[1], "spare": 2})
+    print(json.dumps(opened), flush=True)
+    while True:
+        relay.step(relay.timeout())
     """
 )
 DOOR_APP = textwrap.dedent(

@@ -13,10 +13,11 @@ import math
 import os
 import signal
 import socket
+import sys
 import time
 from typing import Any
 
-from . import introspect, ports, procd
+from . import introspect
 from .capture import OutputCapture
 from .channel import Channel
 from .display import as_json, mime_bundle
@@ -143,8 +144,19 @@ def _json_size(value: Any) -> float:
         return math.inf
 
 
+# The supervisor's interpreter: a fresh one, not a copy of the kernel. gVisor saves each
+# process's pages in the sandbox's checkpoints, and a forked copy of the kernel weighs about
+# as much as the kernel, whatever it then does. argv: fd of its socket, dir holding cloche/.
+_SUPERVISOR = (
+    "import socket,sys,types;"
+    "m=types.ModuleType('cloche');m.__path__=[sys.argv[2]+'/cloche'];sys.modules['cloche']=m;"
+    "from cloche.kernel import procd;procd.run(socket.socket(fileno=int(sys.argv[1])))"
+)
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def start_supervisor() -> socket.socket | None:
-    """Fork the process supervisor (it keeps root where the sandbox gives it), then become
+    """Start the process supervisor (it keeps root where the sandbox gives it), then become
     the session's user for good: `CLOCHE_USER` is "uid:gid:home". None when it can't fork."""
     uid, gid, home = (os.environ.pop("CLOCHE_USER", "") or f"{os.getuid()}:{os.getgid()}:").split(
         ":", 2
@@ -164,7 +176,14 @@ def start_supervisor() -> socket.socket | None:
             keep = supervisor_end.fileno()
             os.closerange(3, keep)
             os.closerange(keep + 1, 1 << 16)
-            procd.run(supervisor_end)
+            try:
+                os.set_inheritable(keep, True)
+                argv = ["-I", "-S", "-B", "-c", _SUPERVISOR, str(keep), _PACKAGE_PARENT]
+                os.execv(sys.executable, [sys.executable, *argv])  # noqa: S606  # our own
+            except OSError:  # no interpreter to run afresh: this copy of the kernel serves
+                from . import procd
+
+                procd.run(supervisor_end)
         supervisor_end.close()
         supervisor = kernel_end
     if int(uid) != os.getuid():
@@ -178,9 +197,8 @@ def main() -> None:
     channel = Channel.take_stdio()
     supervisor = start_supervisor()
     link_font_list()  # as the session's user: MPLCONFIGDIR must be the user's to write in
-    relay = ports.start()  # as the session's user, before any thread
     kernel = Kernel(channel)
-    router = Router(channel, kernel.llm, supervisor, relay)
+    router = Router(channel, kernel.llm, supervisor)
     router.start()
     try:
         kernel.serve(router)

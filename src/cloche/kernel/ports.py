@@ -1,10 +1,10 @@
 """The sandbox's side of ports: the host reaches a server listening on the sandbox's loopback.
 
-The sandbox has no network, and nothing outside can connect into it. The relay, a process
-of its own that the kernel forks at start-up (as the session's user, before any thread),
-connects out instead, to the session's ports door (a unix socket of the host), and keeps
-`spare` connections waiting there. The host takes one for each connection it wants to make
-and writes one line on it:
+The sandbox has no network, and nothing outside can connect into it. The relay, which the
+process supervisor (`procd`) serves in its own loop from the session's first port request
+on, connects out instead, to the session's ports door (a unix socket of the host), and
+keeps `spare` connections waiting there. The host takes one for each connection it wants
+to make and writes one line on it:
 
     C <port>\\n   connect to the port on the sandbox's loopback (127.0.0.1, then ::1): the
                  relay answers `K\\n` and carries bytes both ways from then on, or
@@ -13,7 +13,7 @@ and writes one line on it:
     L\\n          the TCP ports listened on: one line of JSON, {"ports": [8000, ...]}.
 
 Each connection taken is replaced at once. Nothing connects to the host before the host
-asks, over the kernel's channel (relayed by the kernel's router):
+asks, over the kernel's channel (relayed by the kernel's router to the supervisor):
 
     {"op": "ports.open", "rid", "door", "spare"}   connect to the door; answered once the
                                                     spares are there (or why not)
@@ -22,8 +22,10 @@ asks, over the kernel's channel (relayed by the kernel's router):
                                                     gVisor can't save a socket connected to
                                                     the host), answered with how many ended
 
-Answers go back as the process supervisor's do: {"op": "proc.reply", "rid", ...}. The
-relay is off the cells' path: a cell that holds the kernel's GIL never delays a request.
+Answers go back as the supervisor's others do: {"op": "proc.reply", "rid", ...}. The relay
+is off the cells' path: a cell that holds the kernel's GIL never delays a request. It is
+no process of its own: each Python process a sandbox holds adds about its own size to the
+sandbox's checkpoint, and a shut relay is dropped whole.
 """
 
 from __future__ import annotations
@@ -32,9 +34,7 @@ import errno
 import json
 import os
 import selectors
-import signal
 import socket
-import struct
 import time
 
 from .splicing import Splicer
@@ -42,36 +42,8 @@ from .splicing import Splicer
 SPARE = 4  # connections kept waiting at the door, unless the host asks for another number
 _RETRY_S = 0.05  # after a door whose queue was full
 _LINE_BYTES = 64  # a command line's longest
-_HEADER = struct.Struct(">I")
-_MAX_FRAME = 1 << 20
 _LISTEN = "0A"  # a socket's state in /proc/net/tcp: TCP_LISTEN
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
-def start() -> socket.socket | None:
-    """Fork the relay; the kernel's end of its control socket, or None when it can't fork.
-    Called before the kernel starts any thread (a fork copies only the calling thread)."""
-    kernel_end, relay_end = socket.socketpair()
-    try:
-        pid = os.fork()
-    except OSError:
-        kernel_end.close()
-        relay_end.close()
-        return None
-    if pid == 0:  # the relay keeps its control socket alone: never the host's channel
-        try:
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            keep = relay_end.fileno()
-            os.closerange(3, keep)
-            os.closerange(keep + 1, 1 << 16)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            Relay(relay_end).run()
-        finally:
-            os._exit(0)
-    relay_end.close()
-    return kernel_end
 
 
 def listening() -> list[int]:
@@ -95,13 +67,12 @@ def listening() -> list[int]:
 
 
 class Relay(Splicer):
-    """The control socket, the door's waiting connections, the connections being made to
-    servers inside, and the joined pairs, in one selector."""
+    """The door's waiting connections, the connections being made to servers inside, and
+    the joined pairs, in one selector: its owner waits on `fileno()` with whatever else it
+    watches and calls `step()` when it is ready or `timeout()` has passed."""
 
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.control = control  # blocking: its frames are few and small
-        self.inbox = b""
         self.door: str | None = None  # the host's ports door, while open
         self.spare = SPARE
         self.idle: set[socket.socket] = set()  # at the door, waiting for the host's line
@@ -110,65 +81,56 @@ class Relay(Splicer):
         self.dialing: dict[socket.socket, tuple[socket.socket, int, list[str]]] = {}
         self.retry_at: float | None = None
 
-    def run(self) -> None:
-        self.selector.register(self.control, selectors.EVENT_READ)
-        while True:
-            timeout = None
-            if self.retry_at is not None:
-                timeout = max(0.0, self.retry_at - time.monotonic())
-            for key, _events in self.selector.select(timeout):
-                sock = key.fileobj
-                assert isinstance(sock, socket.socket)
-                if sock is self.control:
-                    self._on_control()
-                elif sock in self.pipes:
-                    self.move(sock)
-                elif sock in self.idle:
-                    self._on_line(sock)
-                elif sock in self.dialing:
-                    self._on_dialed(sock)
-            if self.retry_at is not None and time.monotonic() >= self.retry_at:
-                self.retry_at = None
-                self._fill()
+    def fileno(self) -> int:
+        """Readable when the relay has something to do."""
+        return self.selector.fileno()
 
-    # -- the kernel's requests -------------------------------------------------------------
+    def timeout(self) -> float | None:
+        """Seconds until the relay must step though nothing is ready (None: never)."""
+        return None if self.retry_at is None else max(0.0, self.retry_at - time.monotonic())
 
-    def _on_control(self) -> None:
-        data = self.control.recv(1 << 16)
-        if not data:  # the kernel has gone: so has the sandbox
-            os._exit(0)
-        self.inbox += data
-        while len(self.inbox) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self.inbox)
-            if length > _MAX_FRAME:
-                os._exit(0)
-            if len(self.inbox) < _HEADER.size + length:
-                break
-            body = self.inbox[_HEADER.size : _HEADER.size + length]
-            self.inbox = self.inbox[_HEADER.size + length :]
-            self._handle(json.loads(body))
+    def step(self, timeout: float | None = 0.0) -> None:
+        """Do what is ready (waiting up to timeout for something to be)."""
+        for key, _events in self.selector.select(timeout):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if sock in self.pipes:
+                self.move(sock)
+            elif sock in self.idle:
+                self._on_line(sock)
+            elif sock in self.dialing:
+                self._on_dialed(sock)
+        if self.retry_at is not None and time.monotonic() >= self.retry_at:
+            self.retry_at = None
+            self._fill()
 
-    def _handle(self, message: dict[str, object]) -> None:
+    def close_all(self) -> int:
+        """End everything and let go of the selector, for good; how many connections to
+        servers inside ended."""
+        ended = self.shut()
+        self.selector.close()
+        return ended
+
+    # -- the host's requests ---------------------------------------------------------------
+
+    def handle(self, message: dict[str, object]) -> dict[str, object]:
+        """Do a `ports.*` request; its answer's fields.
+
+        Raises:
+            ValueError, OSError: refused or failed, with the reason.
+        """
         op = message.get("op")
-        try:
-            if op == "ports.open":
-                reply = self._open(str(message.get("door") or ""), message.get("spare"))
-            elif op == "ports.shut":
-                reply = {"ended": self._shut()}
-            else:
-                reply = {"error": f"unknown request {op!r}"}
-        except Exception as exc:  # every request is answered, a failure with its reason
-            reply = {"error": str(exc) or type(exc).__name__}
-        if "rid" in message:
-            body = _encoder.encode({"op": "proc.reply", "rid": message["rid"], **reply})
-            data = body.encode("utf-8", "backslashreplace")
-            self.control.sendall(_HEADER.pack(len(data)) + data)
+        if op == "ports.open":
+            return self._open(str(message.get("door") or ""), message.get("spare"))
+        if op == "ports.shut":
+            return {"ended": self.shut()}
+        raise ValueError(f"unknown request {op!r}")
 
     def _open(self, door: str, spare: object) -> dict[str, object]:
         if not door:
             raise ValueError("ports.open names no door")
         if self.door != door:
-            self._shut()
+            self.shut()
         self.door = door
         if isinstance(spare, int) and 1 <= spare <= 64:
             self.spare = spare
@@ -178,7 +140,7 @@ class Relay(Splicer):
             raise OSError(f"the ports door {door} can't be reached: {why or 'no connection'}")
         return {"idle": len(self.idle)}
 
-    def _shut(self) -> int:
+    def shut(self) -> int:
         """End every connection to the host, and make none until asked to open again."""
         self.door = None
         self.retry_at = None

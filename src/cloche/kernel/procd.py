@@ -16,6 +16,8 @@ back to it, and is reaped.
                         {"op": "proc.list", "rid"}
                         {"op": "proc.fs", "rid", "user", "do", ...}  (kernel/files.py)
                         {"op": "proc.ack", "pid", "bytes"}   (output taken: send more)
+                        {"op": "proc.rest", "rid"}   (a checkpoint comes: no spare leader)
+                        {"op": "ports.open" | "ports.shut", ...}   (the ports' relay: `ports`)
     supervisor -> host  {"op": "proc.reply", "rid", ...result | "error": str}
                         {"op": "proc.out", "pid", "fd": 1 | 2, "data": base64}
                         {"op": "proc.exit", "pid", "exit_code": int | null, "signal": int | null}
@@ -30,6 +32,7 @@ SIGPIPE for writing.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import errno
 import json
@@ -42,7 +45,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import files, spawn
+from . import files, ports, spawn
 
 WINDOW = 256 * 1024  # output bytes of one process sent and not yet acknowledged, at most
 _CHUNK = 64 * 1024
@@ -102,6 +105,7 @@ class Supervisor:
         # has none).
         self.spare: spawn.Spare | None = None
         self.commands_asked = False
+        self.relay: ports.Relay | None = None  # from the first port request to a shut
         self.waker_r, self.waker_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.waker_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -119,6 +123,9 @@ class Supervisor:
             "proc.resize": self._resize,
             "proc.list": self._list,
             "proc.fs": files.run,  # files as a user (kernel/files.py)
+            "proc.rest": self._rest,
+            "ports.open": self._ports,
+            "ports.shut": self._ports,
         }
 
     # -- the loop ----------------------------------------------------------------------
@@ -131,11 +138,20 @@ class Supervisor:
             refill = self.commands_asked and self.spare is None
             if refill:
                 timeout = _IDLE_S if timeout is None else min(timeout, _IDLE_S)
+            if self.relay is not None and (retry := self.relay.timeout()) is not None:
+                timeout = retry if timeout is None else min(timeout, retry)
             ready = self.selector.select(timeout)
             if refill and not ready:
                 self._refill()
+            relay_fd = -1 if self.relay is None else self.relay.fileno()
+            if self.relay is not None and (
+                self.relay.timeout() == 0 or any(key.fd == relay_fd for key, _ in ready)
+            ):
+                self.relay.step()
             for key, mask in ready:
                 fd = key.fd
+                if fd == relay_fd:
+                    continue
                 if fd == self.link.fileno():
                     self._on_link(mask)
                 elif fd == self.waker_r:
@@ -272,6 +288,34 @@ class Supervisor:
             self.streams[process.stdin] = process
         self._update(process)
         return {"pid": process.pid}
+
+    def _rest(self, _request: dict[str, Any]) -> None:
+        """A checkpoint comes: let the spare leader go, and fork none until the next command
+        (each process the sandbox holds adds about its own size to the image)."""
+        if self.spare is not None:
+            self.spare.discard()
+            with contextlib.suppress(OSError):  # gone before the checkpoint, and reaped
+                os.kill(self.spare.pid, signal.SIGKILL)
+                os.waitpid(self.spare.pid, 0)
+            self.spare = None
+        self.commands_asked = False
+
+    def _ports(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A request for the ports' relay: made at the first `ports.open`, dropped whole once
+        it has nothing open (after a `ports.shut`, which comes before each checkpoint)."""
+        if self.relay is None:
+            if request.get("op") == "ports.shut":
+                return {"ended": 0}
+            self.relay = ports.Relay()
+            self.selector.register(self.relay.fileno(), selectors.EVENT_READ)
+        try:
+            return self.relay.handle(request)
+        finally:
+            relay = self.relay
+            if relay.door is None and not relay.pipes and not relay.dialing:
+                self.selector.unregister(relay.fileno())
+                relay.close_all()
+                self.relay = None
 
     def _find(self, request: dict[str, Any]) -> _Process:
         process = self.processes.get(request.get("pid"))  # type: ignore[arg-type]

@@ -3,9 +3,9 @@
 One thread reads the host's frames for the life of the kernel and routes each:
     exec                          -> the main thread, which runs cells one at a time
     llm_reply, pip_reply, ...     -> the cell's caller waiting for it (`llm.Bridge`)
-    proc.*                        -> the process supervisor (`procd`), over its socket
-    ports.*                       -> the ports' relay (`ports`), over its socket
-A thread for each carries its frames (process output, exits, replies) to the host, whole,
+    proc.*, ports.*               -> the process supervisor (`procd`, which serves the
+                                     ports' relay too), over its socket
+A thread carries its frames (process output, exits, replies) to the host, whole,
 through the channel's lock, so they interleave with the cell's messages only between
 frames. The kernel never waits on either: a command that floods its output is held back by
 the supervisor's own flow control, never by the cell.
@@ -37,22 +37,22 @@ class Router:
         channel: Channel,
         bridge: Bridge,
         supervisor: socket.socket | None,
-        relay: socket.socket | None = None,
     ):
         self._channel = channel
         self._bridge = bridge
         self._supervisor = supervisor
-        self._relay = relay  # the ports' relay
         self._send_lock = threading.Lock()  # frames to the supervisor go whole
         self._cells: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
 
     def start(self) -> None:
         threading.Thread(target=self._read_host, name="cloche-router", daemon=True).start()
-        for name, helper in (("cloche-procd", self._supervisor), ("cloche-ports", self._relay)):
-            if helper is not None:
-                threading.Thread(
-                    target=self._read_helper, args=(helper,), name=name, daemon=True
-                ).start()
+        if self._supervisor is not None:
+            threading.Thread(
+                target=self._read_supervisor,
+                args=(self._supervisor,),
+                name="cloche-procd",
+                daemon=True,
+            ).start()
 
     def next_cell(self) -> dict[str, Any] | None:
         """The next `exec` message, or None once the host has gone."""
@@ -71,10 +71,8 @@ class Router:
         op = message.get("op")
         if op == "exec":
             self._cells.put(message)
-        elif isinstance(op, str) and op.startswith("proc."):
+        elif isinstance(op, str) and op.startswith(("proc.", "ports.")):
             self._to_supervisor(message)
-        elif isinstance(op, str) and op.startswith("ports."):
-            self._to_relay(message)
         else:
             self._bridge.deliver(message)
 
@@ -89,23 +87,9 @@ class Router:
         with self._send_lock:
             self._supervisor.sendall(_HEADER.pack(len(body)) + body)
 
-    def _to_relay(self, message: dict[str, Any]) -> None:
-        """A request for the ports' relay; answered here if the relay is gone (a cell may
-        have killed it: it runs as the session's user)."""
-        if self._relay is not None:
-            body = _encoder.encode(message).encode("utf-8", "backslashreplace")
-            try:
-                self._relay.sendall(_HEADER.pack(len(body)) + body)
-                return
-            except OSError:
-                pass
-        if "rid" in message:
-            why = "the sandbox's port relay is not running"
-            self._channel.send({"op": "proc.reply", "rid": message["rid"], "error": why})
-
-    def _read_helper(self, helper: socket.socket) -> None:
-        """Forward a helper's frames to the host as they are (it frames them itself)."""
-        reader = helper.makefile("rb", buffering=1 << 16)
+    def _read_supervisor(self, supervisor: socket.socket) -> None:
+        """Forward the supervisor's frames to the host as they are (it frames them itself)."""
+        reader = supervisor.makefile("rb", buffering=1 << 16)
         try:
             while True:
                 header = reader.read(_HEADER.size)

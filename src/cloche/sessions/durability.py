@@ -319,9 +319,12 @@ class DurableSessions(ComputerSessions):
         """Save a running session's image into home (its size). A session with egress has
         its door closed and its connections ended first, and one whose ports were reached
         its ports door shut (gVisor cannot save a socket connected to the host); the doors
-        open again if the sandbox runs on."""
+        open again if the sandbox runs on. The supervisor lets its spare leader go first."""
         assert session.kernel is not None
         policy = session.egress
+        if session.kernel.processes.started:  # it may keep a leader ready for a command
+            session.kernel.sandbox.thaw()  # an idle session's is frozen: thawed, it answers
+            await session.kernel.processes.rest()
         ports = await self.doors.shut_ports(session)
         stopped = False  # saved, and its sandbox stopped
         try:

@@ -18,6 +18,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from cloche.errors import InvalidMessage, ProcessError, ProcessNotFound
 
 RECENT_ENDS = 256  # ended processes whose end is remembered, for a late wait
 REQUEST_TIMEOUT_S = 30.0  # the supervisor answers at once; past this it is stuck
+REST_TIMEOUT_S = 5.0  # `rest` before a checkpoint: past this, the image keeps the spare
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class ProcessTable:
         self._watchers: dict[int, list[Watcher]] = {}
         self.ended: collections.OrderedDict[int, Exit] = collections.OrderedDict()
         self.lost_why: str | None = None
+        self.started = False  # a process was asked for: the supervisor may keep a spare
         self.on_exit: Callable[[Exit], None] | None = None  # the session's bookkeeping
 
     async def start(self, watchers: int = 1, **fields: Any) -> tuple[int, list[Watcher]]:
@@ -121,6 +124,7 @@ class ProcessTable:
         Raises:
             ProcessError: the supervisor refused (its reason), or the sandbox is gone.
         """
+        self.started = True
         reply = await self.request("proc.start", _watchers=watchers, **fields)
         pid = reply.get("pid")
         if type(pid) is not int:
@@ -159,6 +163,14 @@ class ProcessTable:
                 raise ProcessNotFound(error)
             raise ProcessError(error)
         return reply
+
+    async def rest(self) -> None:
+        """Before a checkpoint: the supervisor lets go of the leader it keeps ready for the
+        next command (each process adds about its own size to the image), and forks none
+        until a command asks. Best effort: a checkpoint is never refused for it."""
+        if self.lost_why is None:
+            with contextlib.suppress(ProcessError):
+                await self.request("proc.rest", _timeout_s=REST_TIMEOUT_S)
 
     @property
     def asking(self) -> bool:
