@@ -113,6 +113,36 @@ def test_writing_past_the_disk_limit_is_enospc_inside_and_the_session_lives(http
     http.delete(f"/v1/sessions/{session}")
 
 
+def test_a_supervisor_killed_by_a_cell_fails_commands_clearly_and_cells_go_on(make_server):
+    """With --no-root the supervisor runs as the session's user, so a cell can kill it:
+    then a command is refused with the reason, and the kernel serves cells as before (it
+    used to take the failed send for the host gone, and the sandbox ended)."""
+    server = make_server(pool_size=1, no_root=True)
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as http:
+        session = new_session(http)
+        assert sh(http, session, "true")["exit_code"] == 0
+        kill = (
+            "import os, signal\n"
+            "found = [int(p) for p in os.listdir('/proc') if p.isdigit()\n"
+            "         and b'procd.run' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+            "for pid in found:\n"
+            "    os.kill(pid, signal.SIGKILL)\n"
+            "    try:\n"
+            "        os.waitpid(pid, 0)  # the kernel's child: gone, its socket closed\n"
+            "    except ChildProcessError:\n"
+            "        pass\n"
+            "len(found)"
+        )
+        killed = http.post(f"/v1/sessions/{session}/execute", json={"code": kill}).json()
+        assert killed["result_json"] == 1, killed
+        refused = http.post(f"/v1/sessions/{session}/commands", json={"cmd": "true"})
+        assert refused.status_code == 400, refused.text
+        assert "process supervisor has ended" in refused.json()["error"]["message"]
+        again = http.post(f"/v1/sessions/{session}/execute", json={"code": "1+1"}).json()
+        assert again["result_json"] == 2, again
+        http.delete(f"/v1/sessions/{session}")
+
+
 def test_no_root_refuses_root_and_nothing_inside_has_uid_0(make_server):
     server = make_server(pool_size=1, no_root=True)
     with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=120) as http:

@@ -28,13 +28,15 @@ import json
 import os
 import pwd
 import select
-import shutil
 import signal
 import stat
 import time
-from typing import Any
 
 from . import spawn
+
+TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
+if TYPE_CHECKING:
+    from typing import Any
 
 PIECE_BYTES = 1 << 20  # a read answers at most this much
 MAX_ENTRIES = 10_000  # a listing answers at most this many entries
@@ -229,6 +231,8 @@ def _move(request: dict[str, Any], who: spawn.Identity) -> dict[str, Any]:
 def _remove(request: dict[str, Any], who: spawn.Identity) -> dict[str, Any]:
     path = _path(request, who)
     if stat.S_ISDIR(os.lstat(path).st_mode):
+        import shutil  # only here: it weighs on the supervisor's every checkpoint
+
         shutil.rmtree(path)
     else:
         os.unlink(path)

@@ -155,6 +155,14 @@ _SUPERVISOR = (
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _interpreter() -> list[str]:
+    """How the kernel's interpreter was run: its command line up to its own flags (through
+    the host's loader, in an image without python3: `cloche.sandbox.interpreter`)."""
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        argv = [os.fsdecode(arg) for arg in cmdline.read().split(b"\0")]
+    return argv[: argv.index("-I")] if "-I" in argv[1:] else [sys.executable]
+
+
 def start_supervisor() -> socket.socket | None:
     """Start the process supervisor (it keeps root where the sandbox gives it), then become
     the session's user for good: `CLOCHE_USER` is "uid:gid:home". None when it can't fork."""
@@ -178,8 +186,8 @@ def start_supervisor() -> socket.socket | None:
             os.closerange(keep + 1, 1 << 16)
             try:
                 os.set_inheritable(keep, True)
-                argv = ["-I", "-S", "-B", "-c", _SUPERVISOR, str(keep), _PACKAGE_PARENT]
-                os.execv(sys.executable, [sys.executable, *argv])  # noqa: S606  # our own
+                argv = [*_interpreter(), "-I", "-S", "-B", "-c", _SUPERVISOR, str(keep)]
+                os.execv(argv[0], [*argv, _PACKAGE_PARENT])  # noqa: S606  # our own
             except OSError:  # no interpreter to run afresh: this copy of the kernel serves
                 from . import procd
 

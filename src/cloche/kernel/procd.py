@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -43,9 +42,12 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
 
 from . import files, ports, spawn
+
+TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
+if TYPE_CHECKING:
+    from typing import Any
 
 WINDOW = 256 * 1024  # output bytes of one process sent and not yet acknowledged, at most
 _CHUNK = 64 * 1024
@@ -506,9 +508,11 @@ class Supervisor:
 def run(link: socket.socket) -> None:
     """The supervisor's life (in the process the kernel forked)."""
     try:
+        import ctypes  # only here: it weighs on the supervisor's every checkpoint
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):
         pass
     try:
         Supervisor(link).run()

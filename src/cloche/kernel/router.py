@@ -77,15 +77,19 @@ class Router:
             self._bridge.deliver(message)
 
     def _to_supervisor(self, message: dict[str, Any]) -> None:
-        if self._supervisor is None:
-            if "rid" in message:
-                self._channel.send(
-                    {"op": "proc.reply", "rid": message["rid"], "error": "no process supervisor"}
-                )
-            return
-        body = _encoder.encode(message).encode("utf-8", "backslashreplace")
-        with self._send_lock:
-            self._supervisor.sendall(_HEADER.pack(len(body)) + body)
+        """A request for the supervisor; answered here if there is none, or it has gone (a
+        cell may have killed it where it runs as the session's user): the cells go on."""
+        why = "no process supervisor"
+        if self._supervisor is not None:
+            body = _encoder.encode(message).encode("utf-8", "backslashreplace")
+            try:
+                with self._send_lock:
+                    self._supervisor.sendall(_HEADER.pack(len(body)) + body)
+                return
+            except OSError:
+                why = "the sandbox's process supervisor has ended (killed from inside?)"
+        if "rid" in message:
+            self._channel.send({"op": "proc.reply", "rid": message["rid"], "error": why})
 
     def _read_supervisor(self, supervisor: socket.socket) -> None:
         """Forward the supervisor's frames to the host as they are (it frames them itself)."""

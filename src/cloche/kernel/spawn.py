@@ -25,7 +25,6 @@ import socket
 import struct
 import sys
 import termios
-from dataclasses import dataclass, field
 
 # Signals the leader ignores, so that one sent to the group reaches the command and the
 # leader reports the command's own answer to it (SIGKILL still ends both).
@@ -43,15 +42,19 @@ _LEADER_IGNORES = (
 )
 
 
-@dataclass
+# Plain classes, not dataclasses: `dataclasses` brings `inspect` and `ast` with it, and
+# the supervisor's every imported byte is saved in each of the session's checkpoints.
 class Identity:
     """Who a process runs as."""
 
-    name: str
-    uid: int
-    gid: int
-    home: str
-    groups: list[int] = field(default_factory=list)
+    __slots__ = ("name", "uid", "gid", "home", "groups")
+
+    def __init__(self, name: str, uid: int, gid: int, home: str, groups: list[int]) -> None:
+        self.name = name
+        self.uid = uid
+        self.gid = gid
+        self.home = home
+        self.groups = groups
 
     @classmethod
     def of(cls, name: str) -> Identity:
@@ -68,26 +71,39 @@ class Identity:
         return cls(name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/", groups)
 
 
-@dataclass
 class Start:
-    """What to start: argv, where, with what, as whom."""
+    """What to start: argv, where, with what, as whom; pty (cols, rows) for a terminal."""
 
-    argv: list[str]
-    cwd: str
-    env: dict[str, str]
-    identity: Identity
-    stdin: bool = False
-    pty: tuple[int, int] | None = None  # (cols, rows) for a terminal
+    __slots__ = ("argv", "cwd", "env", "identity", "stdin", "pty")
+
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        identity: Identity,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+    ) -> None:
+        self.argv = argv
+        self.cwd = cwd
+        self.env = env
+        self.identity = identity
+        self.stdin = stdin
+        self.pty = pty
 
 
-@dataclass
 class Started:
-    """A started process: its pid (the group's leader) and the supervisor's fds to it."""
+    """A started process: its pid (the group's leader) and the supervisor's fds to it
+    (stdout, for a terminal: the master, both ways)."""
 
-    pid: int
-    stdout: int  # for a terminal: the master, both ways
-    stderr: int | None
-    stdin: int | None
+    __slots__ = ("pid", "stdout", "stderr", "stdin")
+
+    def __init__(self, pid: int, stdout: int, stderr: int | None, stdin: int | None) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.stdin = stdin
 
 
 def start(what: Start, spare: Spare | None = None) -> Started:
