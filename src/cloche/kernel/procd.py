@@ -34,16 +34,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import json
 import os
 import selectors
 import signal
 import socket
-import struct
 import time
 from collections.abc import Callable
 
 from . import files, ports, spawn
+from .framing import FramedLink
 
 TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
 if TYPE_CHECKING:
@@ -51,11 +50,9 @@ if TYPE_CHECKING:
 
 WINDOW = 256 * 1024  # output bytes of one process sent and not yet acknowledged, at most
 _CHUNK = 64 * 1024
-_HEADER = struct.Struct(">I")
 _HANGUP_GRACE_S = 2.0  # a hung-up terminal's processes get this long before SIGKILL
 _PR_SET_CHILD_SUBREAPER = 36
 _IDLE_S = 0.05  # nothing to do for this long: the next command's leader is forked
-_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 class _Process:
@@ -93,11 +90,8 @@ class Supervisor:
     """One select loop over the kernel's socket, every process's streams and SIGCHLD."""
 
     def __init__(self, link: socket.socket) -> None:
-        self.link = link
-        link.setblocking(False)
+        self.link = FramedLink(link)
         self.selector = selectors.DefaultSelector()
-        self.inbox = b""
-        self.outbox = bytearray()
         self.processes: dict[int, _Process] = {}  # running, by pid
         self.streams: dict[int, _Process] = {}  # fd -> the process it belongs to
         self.orphans: set[int] = set()  # streams of ended processes, still held by others
@@ -199,43 +193,28 @@ class Supervisor:
             self._watch(fd, events)
 
     def _send(self, message: dict[str, Any]) -> None:
-        body = _encoder.encode(message).encode("utf-8", "backslashreplace")
-        was_empty = not self.outbox
-        self.outbox += _HEADER.pack(len(body)) + body
-        if was_empty:
-            self._flush()
-
-    def _flush(self) -> None:
         try:
-            while self.outbox:
-                sent = self.link.send(self.outbox)
-                del self.outbox[:sent]
-        except BlockingIOError:
-            pass
+            self.link.send(message)
         except OSError:  # the kernel is gone: so is the sandbox
             os._exit(0)
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.outbox else 0)
+        self._watch_link()
+
+    def _watch_link(self) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.link.waiting else 0)
         self._watch(self.link.fileno(), events)
 
     def _on_link(self, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE:
-            self._flush()
-        if not mask & selectors.EVENT_READ:
-            return
         try:
-            data = self.link.recv(1 << 16)
-        except BlockingIOError:
-            return
-        if not data:
+            if mask & selectors.EVENT_WRITE:
+                self.link.flush()
+                self._watch_link()
+            frames = self.link.receive() if mask & selectors.EVENT_READ else []
+        except OSError:
+            frames = None
+        if frames is None:
             os._exit(0)  # the kernel has gone
-        self.inbox += data
-        while len(self.inbox) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self.inbox)
-            if len(self.inbox) < _HEADER.size + length:
-                break
-            body = self.inbox[_HEADER.size : _HEADER.size + length]
-            self.inbox = self.inbox[_HEADER.size + length :]
-            self._handle(json.loads(body))
+        for frame in frames:
+            self._handle(frame)
 
     def _handle(self, message: dict[str, Any]) -> None:
         op = message.get("op")

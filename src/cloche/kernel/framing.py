@@ -1,0 +1,74 @@
+"""Frames over a non-blocking socket, for a select loop: a 4-byte big-endian length, then
+that many bytes of JSON. What comes in is parsed once whole; what goes out waits in a
+buffer for as long as the socket does not take it.
+
+The process supervisor (`procd`) speaks this to the kernel, which passes its frames on to
+the host as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
+if TYPE_CHECKING:
+    from typing import Any
+
+HEADER = struct.Struct(">I")
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+class FramedLink:
+    """One socket's frames both ways."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.inbox = b""
+        self.outbox = bytearray()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def waiting(self) -> bool:
+        """Frames wait to be sent: the loop should watch for the socket to take more."""
+        return bool(self.outbox)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send a frame, or keep it for `flush` (OSError: the peer has gone)."""
+        body = _encoder.encode(message).encode("utf-8", "backslashreplace")
+        was_empty = not self.outbox
+        self.outbox += HEADER.pack(len(body)) + body
+        if was_empty:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what waits, as far as the socket takes it (OSError: the peer has gone)."""
+        try:
+            while self.outbox:
+                sent = self.sock.send(self.outbox)
+                del self.outbox[:sent]
+        except BlockingIOError:
+            pass
+
+    def receive(self) -> list[dict[str, Any]] | None:
+        """The frames completed by what the socket has now; None once the peer has gone."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return []
+        if not data:
+            return None
+        self.inbox += data
+        frames = []
+        while len(self.inbox) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self.inbox)
+            if len(self.inbox) < HEADER.size + length:
+                break
+            body = self.inbox[HEADER.size : HEADER.size + length]
+            self.inbox = self.inbox[HEADER.size + length :]
+            frames.append(json.loads(body))
+        return frames
