@@ -3,12 +3,12 @@ checkpoint image, against a session without it, in one run of one test server.
 
     sudo .venv/bin/python benchmarks/fork_image_cost.py [--rounds 3]
 
-Each round pauses two fresh lean sessions in turn: one as it is (the kernel, its process
-supervisor and its ports relay), and one whose cell first forked a child that only waits
-on a pipe, as the supervisor and the relay wait on their sockets. Printed: the AnonPages
-of gVisor's /proc/meminfo inside each before the pause, and the checkpoint image on disk,
-with the medians' ratio. Why: the kernel's two forked helpers made the pause image 3.6x
-larger than at commit 0ea4e1f (BENCHMARKS.md, "Forks, pauses and restarts").
+Each round pauses two fresh lean sessions in turn: one as it is (the kernel and its
+process supervisor), and one whose cell first forked a child that only waits on a pipe.
+Printed: the AnonPages of gVisor's /proc/meminfo inside each before the pause, and the
+checkpoint image on disk, with the medians' ratio. Why: two helpers forked from the kernel
+(the supervisor and the ports' relay, until 6 December) made the pause image 3.6x larger
+than at commit 0ea4e1f (BENCHMARKS.md, "Forks, pauses and restarts").
 """
 
 from __future__ import annotations
