@@ -148,19 +148,19 @@ def test_a_traceback_names_the_users_line(tcp, shared):
     assert "ZeroDivisionError" in reply["error"]
 
 
-# The sandbox's processes but the kernel and its process supervisor (a fork of it: the same
-# command line).
-# The sandbox's processes that are not forks of the kernel (its supervisor and port relay
-# are), skipping one that is gone between the listing and the reading.
+# The sandbox's processes but the kernel, its forks (the supervisor's spare leader is one)
+# and its process supervisor (an interpreter of its own, running `procd.run`), skipping one
+# that is gone between the listing and the reading.
 FIND_OTHERS = (
     "def others():\n"
     "    mine, found = open('/proc/self/cmdline', 'rb').read(), []\n"
     "    for p in filter(str.isdigit, os.listdir('/proc')):\n"
     "        try:\n"
-    "            if open(f'/proc/{p}/cmdline', 'rb').read() != mine:\n"
-    "                found.append(p)\n"
+    "            line = open(f'/proc/{p}/cmdline', 'rb').read()\n"
     "        except OSError:\n"
-    "            pass\n"
+    "            continue\n"
+    "        if line != mine and b'procd.run' not in line:\n"
+    "            found.append(p)\n"
     "    return found\n"
 )
 OTHER_PROCESSES = "others()"
