@@ -22,6 +22,9 @@ from typing import Any
 
 import pytest
 
+from cloche.kernel.framing import HELLO
+from cloche.kernel.router import Router, await_supervisor
+
 HEADER = struct.Struct(">I")
 DEADLINE_S = 30.0
 
@@ -170,6 +173,25 @@ def test_the_relay_is_served_by_the_supervisor_itself(supervisor, door, echo):
     # Open again after the shut (after a checkpoint): a relay afresh, spares at the door.
     assert supervisor.ask("ports.open", door=path, spare=1).get("idle") == 1
     listener.accept()[0].close()
+
+
+def test_its_first_frame_says_it_serves_and_the_kernel_keeps_it_to_itself(supervisor):
+    """The kernel waits for the supervisor's hello before it says it is ready (a pool's
+    template is saved with its supervisor up); the hello never reaches the host."""
+    await_supervisor(supervisor.link)
+    assert supervisor.ask("proc.list") == {"op": "proc.reply", "rid": 1, "processes": []}
+    assert supervisor.frames == []  # nothing came before the answer: the hello was taken
+    late = socket.socketpair()  # a hello that came after the wait gave up is dropped
+    forwarded: list[bytes] = []
+    router = Router.__new__(Router)
+    router._channel = type("Channel", (), {"send_frame": lambda _, f: forwarded.append(f)})()
+    hello = json.dumps(HELLO, separators=(",", ":")).encode()
+    other = b'{"op":"proc.exit"}'
+    late[1].sendall(HEADER.pack(len(hello)) + hello + HEADER.pack(len(other)) + other)
+    late[1].close()
+    router._read_supervisor(late[0])  # closes its reader, not the socket
+    late[0].close()
+    assert forwarded == [HEADER.pack(len(other)) + other]
 
 
 def test_a_door_that_cant_be_reached_is_said_and_the_relay_is_dropped(supervisor, tmp_path):

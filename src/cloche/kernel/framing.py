@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 HEADER = struct.Struct(">I")
+HELLO = {"op": "proc.hello"}  # the supervisor's first frame, which the kernel keeps to itself
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 

@@ -26,7 +26,7 @@ from .figures import FigureCapture
 from .fonts import link_font_list
 from .llm import Bridge
 from .pip import Pip
-from .router import Router, drop_privileges
+from .router import Router, await_supervisor, drop_privileges
 from .stdin import Prompter
 
 
@@ -206,6 +206,7 @@ def main() -> None:
     supervisor = start_supervisor()
     link_font_list()  # as the session's user: MPLCONFIGDIR must be the user's to write in
     kernel = Kernel(channel)
+    await_supervisor(supervisor)  # it starts beside the kernel's own imports
     router = Router(channel, kernel.llm, supervisor)
     router.start()
     try:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 
 from . import files, ports, spawn
-from .framing import FramedLink
+from .framing import HELLO, FramedLink
 
 TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class Supervisor:
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> None:
+        self._send(HELLO)  # up and serving: the kernel says it is ready only after this
         while True:
             timeout = None
             if self.timers:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import socket
 import struct
 import threading
@@ -27,6 +28,7 @@ from .llm import Bridge
 _HEADER = struct.Struct(">I")
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _MAX_SUPERVISOR_FRAME = 64 << 20  # the supervisor's frames are small (output in pieces)
+_HELLO = b'{"op":"proc.hello"}'  # framing.HELLO as it is sent
 
 
 class Router:
@@ -105,11 +107,23 @@ class Router:
                 body = reader.read(length)
                 if len(body) < length:
                     return
-                self._channel.send_frame(header + body)
+                if body != _HELLO:  # one that came after `await_supervisor` gave up
+                    self._channel.send_frame(header + body)
         except OSError:
             return
         finally:
             reader.close()
+
+
+def await_supervisor(supervisor: socket.socket | None, timeout_s: float = 30.0) -> None:
+    """Wait for the supervisor's first frame (`framing.HELLO`: it has imported what it needs
+    and serves), so that a sandbox is saved, for a pool's clones, only with a supervisor
+    that is up, and each clone does not import it again. Gone or silent: on without it."""
+    if supervisor is None:
+        return
+    ready, _, _ = select.select([supervisor], [], [], timeout_s)
+    if ready:  # its first send, whole; or its end, which the router's reader finds too
+        supervisor.recv(_HEADER.size + len(_HELLO), socket.MSG_WAITALL)
 
 
 def drop_privileges(uid: int, gid: int, home: str) -> None:
