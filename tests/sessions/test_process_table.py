@@ -14,6 +14,7 @@ from cloche.config import Limits
 from cloche.errors import ProcessError, ProcessNotFound
 from cloche.sessions import commands
 from cloche.sessions.processes import Exit, ProcessTable
+from cloche.sessions.result import CellResult, CellStatus
 from cloche.sessions.session import Session
 
 
@@ -136,3 +137,48 @@ async def test_a_timed_out_command_whose_end_is_never_told_still_ends(
     assert result.stderr.endswith(commands.UNCONFIRMED)
     assert [m["op"] for m in supervisor.asked] == ["proc.start", "proc.kill"]
     assert finished == [result]
+
+
+class CountingKernel(SilentKernel):
+    """A kernel that counts the cells it is given, and how many run at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = 0
+        self.most = 0
+
+    async def execute(self, code: str, **_: Any) -> Any:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await asyncio.sleep(0)
+        self.running -= 1
+        return CellResult(status=CellStatus.OK)
+
+
+async def test_a_cell_waits_for_a_wake_that_is_still_setting_the_sandbox_up() -> None:
+    # A session resumed at start (no cell asked): its waker attaches the restored kernel,
+    # then runs a silent cell of its own (its egress door). A cell asked meanwhile found the
+    # session no longer paused and ran beside it: "one cell at a time" failed as a 500.
+    kernel = CountingKernel()
+    session = Session("s", None, None, 1)
+    opened = asyncio.Event()
+    may_finish = asyncio.Event()
+
+    async def waker(woken: Session) -> None:
+        woken.attach(kernel)  # type: ignore[arg-type]
+        opened.set()
+        await may_finish.wait()
+        await kernel.execute("door", timeout_s=1)
+
+    session.waker = waker
+    waking = asyncio.create_task(session.wake())
+    await opened.wait()
+    cell = asyncio.create_task(session.execute("1", timeout_s=1))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not cell.done() and kernel.running == 0, "the cell ran before the wake ended"
+    may_finish.set()
+    await waking
+    assert (await cell).status is CellStatus.OK
+    assert kernel.most == 1
+    session._cancel_freeze()

@@ -191,8 +191,10 @@ class Session:
         Raises:
             SessionLost, TooManySessions, ...: what the waker raises.
         """
-        if self.state is not SessionState.PAUSED:
+        if self.state is not SessionState.PAUSED and not self._life.locked():
             return
+        # A wake under way may have attached its kernel and still be setting it up (its
+        # egress door is a silent cell): a cell waits for it rather than run beside it.
         async with self._life:
             if self.state is SessionState.PAUSED:
                 assert self.waker is not None
