@@ -13,7 +13,6 @@ import pytest
 
 from cloche.kernel.channel import Channel
 from cloche.kernel.llm import Bridge, LLMError
-from cloche.kernel.router import Router
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
 
 Answer = Callable[[dict[str, Any]], dict[str, Any] | None]
@@ -75,11 +74,10 @@ def host() -> Iterator[FakeHost]:
 
 
 def bridge_for(host: FakeHost, max_request_bytes: int = 1 << 20) -> tuple[Bridge, dict[str, Any]]:
-    """A bridge whose replies come through the kernel's reader of its channel (a Router)."""
+    """A bridge whose callers read their replies from the channel themselves."""
     namespace: dict[str, Any] = {}
     bridge = Bridge(host.channel, namespace)
     bridge.install(max_prompt_chars=10_000, max_batch=4, max_request_bytes=max_request_bytes)
-    Router(host.channel, bridge, None).start()
     return bridge, namespace
 
 

@@ -7,6 +7,7 @@ so the supervisor must not fork a relay, and must keep no spare leader into an i
 
 from __future__ import annotations
 
+import base64
 import getpass
 import json
 import os
@@ -22,17 +23,18 @@ from typing import Any
 
 import pytest
 
-from cloche.kernel.framing import HELLO
-from cloche.kernel.router import Router, await_supervisor
+from cloche.kernel.framing import HELLO, SUPERVISOR_DOOR
+from cloche.kernel.router import await_supervisor
 
 HEADER = struct.Struct(">I")
 DEADLINE_S = 30.0
 
 
 class Supervisor:
-    """procd in a process of its own, spoken to as the kernel's router does."""
+    """procd in a process of its own: its kernel's socket, and its link to the host, which
+    connects to a door listened on here (as `cloche.sessions.supervisor_link` does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, door_dir: Path) -> None:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [
@@ -46,11 +48,26 @@ class Supervisor:
             pass_fds=[theirs.fileno()],
         )
         theirs.close()
-        self.link = ours
-        self.link.settimeout(DEADLINE_S)
-        self.reader = ours.makefile("rb")
+        self.kernel = ours
+        self.kernel.settimeout(DEADLINE_S)
+        self.door = str(door_dir / SUPERVISOR_DOOR)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.door)
+        self.listener.listen(4)
+        self.listener.settimeout(DEADLINE_S)
+        self.link: socket.socket | None = None
+        self.reader: Any = None
         self.rids = iter(range(1, 1 << 30))
         self.frames: list[dict[str, Any]] = []  # not yet looked at
+
+    def connect(self, token: str = "first") -> dict[str, Any]:  # noqa: S107  # a test's
+        """Ask for the link through the kernel's socket, as the kernel passes it on; the
+        first frame that comes through it."""
+        _send(self.kernel, {"op": "proc.link", "path": self.door, "token": token})
+        self.link = self.listener.accept()[0]
+        self.link.settimeout(DEADLINE_S)
+        self.reader = self.link.makefile("rb")
+        return self.next()
 
     def ask(self, op: str, **fields: Any) -> dict[str, Any]:
         rid = next(self.rids)
@@ -58,8 +75,14 @@ class Supervisor:
         return self.until(lambda f: f.get("op") == "proc.reply" and f.get("rid") == rid)
 
     def send(self, message: dict[str, Any]) -> None:
-        body = json.dumps(message).encode()
-        self.link.sendall(HEADER.pack(len(body)) + body)
+        assert self.link is not None
+        _send(self.link, message)
+
+    def next(self) -> dict[str, Any]:
+        header = self.reader.read(HEADER.size)
+        assert len(header) == HEADER.size, "the supervisor ended the link"
+        frame: dict[str, Any] = json.loads(self.reader.read(HEADER.unpack(header)[0]))
+        return frame
 
     def until(self, wanted: Any) -> dict[str, Any]:
         for frame in self.frames:
@@ -67,9 +90,7 @@ class Supervisor:
                 self.frames.remove(frame)
                 return frame
         while True:
-            header = self.reader.read(HEADER.size)
-            assert len(header) == HEADER.size, "the supervisor has gone"
-            frame = json.loads(self.reader.read(HEADER.unpack(header)[0]))
+            frame = self.next()
             if wanted(frame):
                 return frame
             self.frames.append(frame)
@@ -89,8 +110,11 @@ class Supervisor:
         return found
 
     def close(self) -> None:
-        self.reader.close()
-        self.link.close()  # the supervisor exits once its kernel has gone
+        if self.reader is not None:
+            self.reader.close()
+            self.link.close()  # type: ignore[union-attr]
+        self.listener.close()
+        self.kernel.close()  # the supervisor exits once its kernel has gone
         try:
             self.process.wait(DEADLINE_S)
         except subprocess.TimeoutExpired:
@@ -98,10 +122,17 @@ class Supervisor:
             self.process.wait()
 
 
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    body = json.dumps(message).encode()
+    sock.sendall(HEADER.pack(len(body)) + body)
+
+
 @pytest.fixture
-def supervisor() -> Iterator[Supervisor]:
-    running = Supervisor()
+def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    running = Supervisor(tmp_path)
     try:
+        await_supervisor(running.kernel)
+        assert running.connect() == {**HELLO, "token": "first"}
         yield running
     finally:
         running.close()
@@ -175,23 +206,41 @@ def test_the_relay_is_served_by_the_supervisor_itself(supervisor, door, echo):
     listener.accept()[0].close()
 
 
-def test_its_first_frame_says_it_serves_and_the_kernel_keeps_it_to_itself(supervisor):
+def test_it_says_hello_to_the_kernel_then_links_to_the_host_with_the_token(tmp_path):
     """The kernel waits for the supervisor's hello before it says it is ready (a pool's
-    template is saved with its supervisor up); the hello never reaches the host."""
-    await_supervisor(supervisor.link)
-    assert supervisor.ask("proc.list") == {"op": "proc.reply", "rid": 1, "processes": []}
-    assert supervisor.frames == []  # nothing came before the answer: the hello was taken
-    late = socket.socketpair()  # a hello that came after the wait gave up is dropped
-    forwarded: list[bytes] = []
-    router = Router.__new__(Router)
-    router._channel = type("Channel", (), {"send_frame": lambda _, f: forwarded.append(f)})()
-    hello = json.dumps(HELLO, separators=(",", ":")).encode()
-    other = b'{"op":"proc.exit"}'
-    late[1].sendall(HEADER.pack(len(hello)) + hello + HEADER.pack(len(other)) + other)
-    late[1].close()
-    router._read_supervisor(late[0])  # closes its reader, not the socket
-    late[0].close()
-    assert forwarded == [HEADER.pack(len(other)) + other]
+    template is saved with its supervisor up); the host's link, asked for through the
+    kernel, starts with the token it was asked with."""
+    supervisor = Supervisor(tmp_path)
+    try:
+        await_supervisor(supervisor.kernel)
+        supervisor.kernel.setblocking(False)
+        with pytest.raises(BlockingIOError):  # the hello was all it said to the kernel
+            supervisor.kernel.recv(1)
+        supervisor.kernel.setblocking(True)
+        assert supervisor.connect("s3cret") == {"op": "proc.hello", "token": "s3cret"}
+        assert supervisor.ask("proc.list") == {"op": "proc.reply", "rid": 1, "processes": []}
+    finally:
+        supervisor.close()
+
+
+def test_rest_ends_the_link_and_what_comes_meanwhile_waits_for_the_next(supervisor, tmp_path):
+    """Before a checkpoint the link ends (gVisor can't save a socket connected to the
+    host); a command that prints and ends meanwhile is told on the next link, after its
+    hello."""
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    started = supervisor.ask("proc.start", argv=["cat", str(fifo)], user=getpass.getuser())
+    assert "pid" in started, started
+    assert supervisor.ask("proc.rest") == {"op": "proc.reply", "rid": 2}
+    assert supervisor.reader.read(1) == b""  # the supervisor ended the link
+    supervisor.reader.close()
+    supervisor.link.close()
+    fifo.write_bytes(b"while unlinked\n")  # cat prints it and ends
+    assert supervisor.connect("second") == {"op": "proc.hello", "token": "second"}
+    output = supervisor.until(lambda f: f.get("op") == "proc.out")
+    assert base64.b64decode(output["data"]) == b"while unlinked\n"
+    assert supervisor.until(lambda f: f.get("op") == "proc.exit")["exit_code"] == 0
+    assert supervisor.ask("proc.list")["processes"] == []
 
 
 def test_a_door_that_cant_be_reached_is_said_and_the_relay_is_dropped(supervisor, tmp_path):
@@ -212,6 +261,9 @@ def test_rest_lets_the_spare_leader_go_and_forks_none_until_a_command(supervisor
         time.sleep(0.01)
     assert supervisor.ask("proc.rest") == {"op": "proc.reply", "rid": 2}
     assert supervisor.children() == []  # killed and reaped before the answer
+    supervisor.reader.close()  # the link ended with the answer: the host asks for another
+    supervisor.link.close()
+    assert supervisor.connect("again")["token"] == "again"
     again = supervisor.ask("proc.start", argv=["true"], user=getpass.getuser())
     assert "pid" in again, again  # a command after the rest forks its own leader
     assert supervisor.until(lambda f: f.get("op") == "proc.exit")["exit_code"] == 0

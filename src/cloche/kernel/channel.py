@@ -6,12 +6,13 @@ and stderr into pipes the kernel reads). The framing is the host's
 (`cloche.protocol.framing`): a 4-byte big-endian length, then UTF-8 JSON.
 
 Messages, host -> kernel:  {"op": "exec", "code": str, "output_limit": int}
-                           {"op": "proc.*", ...}: for the process supervisor (`procd`)
+                           {"op": "proc.link", "path", "token"}: passed on to the process
+                           supervisor (`procd`), which then talks to the host directly
 Messages, kernel -> host:  {"op": "ready", "pid": int}
                            {"op": "stream", "name": "stdout"|"stderr", "text": str}
                            {"op": "display", "data": {mime: value}}
                            {"op": "done", "status": "ok"|"error", "result": ..., ...}
-                           {"op": "proc.*", ...}: from the process supervisor
+                           {"op": "proc.gone", "why": str}: no supervisor to link
 """
 
 from __future__ import annotations
@@ -64,11 +65,7 @@ class Channel:
     def send(self, message: dict[str, Any]) -> None:
         """Write one frame, whole, even if a signal interrupts the write."""
         body = _encoder.encode(message).encode("utf-8", "backslashreplace")
-        self.send_frame(HEADER.pack(len(body)) + body)
-
-    def send_frame(self, data: bytes) -> None:
-        """Write a frame made elsewhere (the process supervisor's), whole."""
-        frame = memoryview(data)
+        frame = memoryview(HEADER.pack(len(body)) + body)
         with self._send_lock:
             while frame:
                 frame = frame[os.write(self._write_fd, frame) :]

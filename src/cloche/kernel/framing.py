@@ -2,8 +2,8 @@
 that many bytes of JSON. What comes in is parsed once whole; what goes out waits in a
 buffer for as long as the socket does not take it.
 
-The process supervisor (`procd`) speaks this to the kernel, which passes its frames on to
-the host as they are.
+The process supervisor (`procd`) speaks this to the kernel (its hello, and the kernel's
+`proc.link`), and to the host through the sandbox's door (`HostLink`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct(">I")
 HELLO = {"op": "proc.hello"}  # the supervisor's first frame, which the kernel keeps to itself
+SUPERVISOR_DOOR = "procd.sock"  # in the sandbox's door directory: the host listens there
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
@@ -73,3 +74,52 @@ class FramedLink:
             self.inbox = self.inbox[HEADER.size + length :]
             frames.append(json.loads(body))
         return frames
+
+
+class HostLink:
+    """The supervisor's frames to the host: through its own connection to the sandbox's
+    door while it has one (made at the host's `proc.link`, relayed by the kernel; ended
+    after a `proc.rest`, before each checkpoint, as gVisor cannot save a socket connected
+    to the host), kept meanwhile and sent first on the next one."""
+
+    def __init__(self) -> None:
+        self.link: FramedLink | None = None
+        self.kept: list[dict[str, Any]] = []
+
+    def connect(self, path: str, token: str) -> FramedLink:
+        """A new connection to the host at path, the old one closed (OSError: none)."""
+        self.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(5.0)
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            raise
+        link = FramedLink(sock)
+        link.send({**HELLO, "token": token})  # which proves it is the host's supervisor
+        kept, self.kept = self.kept, []
+        for message in kept:
+            link.send(message)
+        self.link = link
+        return link
+
+    def send(self, message: dict[str, Any]) -> None:
+        """To the host now, or kept for the next connection (OSError: this one has gone)."""
+        if self.link is None:
+            self.kept.append(message)
+        else:
+            self.link.send(message)
+
+    def close(self, flush: bool = False) -> None:
+        """End the connection (with flush, once what waits is sent, for up to 5 s)."""
+        link, self.link = self.link, None
+        if link is None:
+            return
+        if flush and link.outbox:
+            try:
+                link.sock.settimeout(5.0)
+                link.sock.sendall(link.outbox)
+            except OSError:
+                pass
+        link.sock.close()

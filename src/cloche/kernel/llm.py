@@ -7,11 +7,13 @@ makes the request (within the session's budgets) and answers it.
     host -> kernel  {"op": "llm_reply", "id": int, "texts": [str, ...]}
                     {"op": "llm_reply", "id": int, "error": str}
 
-The channel's reader (`router.Router`, a thread of its own) hands each reply to its caller
-(threads of the cell may call too). Calls are accepted only while a cell runs, and the end
-of a cell waits for every reply still owed. In the main thread, SIGINT is held back for the
-length of a call: an interrupt in the middle of sending a frame would break the framing.
-The host answers an interrupted cell's calls at once, so the hold is short.
+While a cell runs, the serve loop (the channel's usual reader) is busy running it; so the
+callers waiting for replies read the channel themselves, one at a time, each reply going
+to its caller (threads of the cell may call too), anything else to the kernel's `route`.
+Calls are accepted only while a cell runs, and the end of a cell waits for every reply
+still owed, so the serve loop never meets one. In the main thread, SIGINT is held back for
+the length of a call: an interrupt in the middle of a frame would break the framing. The
+host answers an interrupted cell's calls at once, so the hold is short.
 
 The host also uses this module, through silent cells, to switch the functions on
 (`install`) and to load a session's context into the variable `context` (`load_context`).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .channel import Channel
@@ -52,6 +55,8 @@ class Bridge:
         self._workdir = os.getcwd()
         self._cond = threading.Condition(threading.Lock())
         self._open = False  # a cell runs: calls are accepted
+        self._reading = False  # a caller is reading the channel
+        self.route: Callable[[dict[str, Any]], None] = lambda message: None  # not a reply
         self._owed: set[int] = set()  # requests sent whose reply has not been read
         self._replies: dict[int, dict[str, Any]] = {}  # read, not yet taken by their caller
         self._next_id = 1
@@ -88,7 +93,7 @@ class Bridge:
         with self._cond:
             self._open = running
             while not running and self._owed and not self._lost:
-                self._cond.wait()
+                self._read_or_wait()
 
     def hold_interrupt(self) -> bool:
         """Called by the SIGINT handler: True if the interrupt must wait for a call's end."""
@@ -134,7 +139,7 @@ class Bridge:
                 while request_id not in self._replies:
                     if self._lost:
                         raise ConnectionError("the host closed the channel")
-                    self._cond.wait()
+                    self._read_or_wait()
                 reply = self._replies.pop(request_id)
         finally:
             self._holding = False
@@ -191,7 +196,7 @@ class Bridge:
                 while request_id not in self._replies:
                     if self._lost:
                         raise LLMError("the host closed the channel")
-                    self._cond.wait()
+                    self._read_or_wait()
                 reply = self._replies.pop(request_id)
                 answers = reply.get("texts")
                 if error is None and isinstance(reply.get("error"), str):
@@ -205,21 +210,31 @@ class Bridge:
             raise (_Interrupted if interrupted else LLMError)(error)
         return texts
 
-    def deliver(self, message: dict[str, Any]) -> None:
-        """A frame from the host for a caller (from the channel's reader thread); one that
-        answers nothing owed is dropped."""
-        with self._cond:
-            request_id = message.get("id")
-            if message.get("op") in _REPLIES and request_id in self._owed:
+    def _read_or_wait(self) -> None:
+        """With the lock held: read one frame if nobody is reading, else wait for a reader."""
+        if self._reading:
+            self._cond.wait()
+            return
+        self._reading = True
+        self._cond.release()
+        try:
+            message = self._channel.recv()
+        except Exception:  # the host sends valid frames; anything else means it is gone
+            message = None
+        finally:
+            self._cond.acquire()
+            self._reading = False
+            self._cond.notify_all()
+        if message is None:
+            self._lost = True
+            return
+        request_id = message.get("id")
+        if message.get("op") in _REPLIES:
+            if request_id in self._owed:
                 self._owed.discard(request_id)
                 self._replies[request_id] = message
-                self._cond.notify_all()
-
-    def lost(self) -> None:
-        """The host closed the channel: nobody waits for a reply any more."""
-        with self._cond:
-            self._lost = True
-            self._cond.notify_all()
+        else:
+            self.route(message)
 
 
 _bridge: Bridge | None = None

@@ -76,9 +76,12 @@ class Kernel:
         self.channel.send({"op": "page", "text": text})
 
     def serve(self, router: Router) -> None:
+        self.llm.route = router.route  # what a caller waiting for a reply reads meanwhile
         self.channel.send({"op": "ready", "pid": os.getpid()})
-        while (message := router.next_cell()) is not None:
-            if message.get("op") == "exec":
+        while (message := self.channel.recv()) is not None:
+            if message.get("op") != "exec":
+                router.route(message)
+            else:
                 self.prompter.allowed = message.get("stdin") is True
                 pager = self._send_page if message.get("pager") is True else None
                 self.executor.shell.pager = pager
@@ -207,10 +210,8 @@ def main() -> None:
     link_font_list()  # as the session's user: MPLCONFIGDIR must be the user's to write in
     kernel = Kernel(channel)
     await_supervisor(supervisor)  # it starts beside the kernel's own imports
-    router = Router(channel, kernel.llm, supervisor)
-    router.start()
     try:
-        kernel.serve(router)
+        kernel.serve(Router(channel, supervisor))
     except BaseException:  # noqa: S110  # the host sees the channel close and reports it
         pass
     finally:

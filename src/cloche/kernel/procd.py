@@ -1,12 +1,13 @@
 """The process supervisor: the session's commands and terminals, beside its kernel.
 
-At start-up the kernel forks this process before it gives up root (`main.py`), so that a
-command may run as root inside the sandbox while cells never do (with --no-root there is
-no root to keep, and commands run as the session's user only). The supervisor talks only
-to the kernel, over a socket pair; the kernel relays the host's `proc.*` frames to it and
-its frames to the host. It is the sandbox's subreaper: what a command leaves behind comes
-back to it, and is reaped.
+The kernel starts it before it gives up root (`main.py`), so that a command may run as root
+inside the sandbox while cells never do (with --no-root, commands run as the session's
+user only). It talks to the host over a connection of its own to the sandbox's door
+(`framing.HostLink`), asked for through the kernel (`proc.link`, at start and after each
+restore) and ended after each `proc.rest` (before each checkpoint); the kernel reads the
+host's frames itself. It is the sandbox's subreaper: what a command leaves is reaped.
 
+    kernel -> supervisor {"op": "proc.link", "path", "token"}   (connect to the host there)
     host -> supervisor  {"op": "proc.start", "rid", "argv", "cwd", "env", "user", "stdin",
                           "pty": null | {"cols", "rows"}, "tag", "cmd"}
                         {"op": "proc.input", "rid", "pid", "data": base64}
@@ -16,17 +17,17 @@ back to it, and is reaped.
                         {"op": "proc.list", "rid"}
                         {"op": "proc.fs", "rid", "user", "do", ...}  (kernel/files.py)
                         {"op": "proc.ack", "pid", "bytes"}   (output taken: send more)
-                        {"op": "proc.rest", "rid"}   (a checkpoint comes: no spare leader)
+                        {"op": "proc.rest", "rid"}   (a checkpoint comes: no spare leader,
+                                                      and the connection ends)
                         {"op": "ports.open" | "ports.shut", ...}   (the ports' relay: `ports`)
     supervisor -> host  {"op": "proc.reply", "rid", ...result | "error": str}
                         {"op": "proc.out", "pid", "fd": 1 | 2, "data": base64}
                         {"op": "proc.exit", "pid", "exit_code": int | null, "signal": int | null}
 
-Output goes out as it comes, in pieces, until WINDOW bytes of a process are unacknowledged;
-then that process's output waits (its writes block, as on a slow terminal) until the host
-acknowledges. A process has ended when its leader has and its streams are drained; streams
-still held open by what it left running are read on and dropped, so nothing it left gets
-SIGPIPE for writing.
+Output goes out in pieces until `spawn.WINDOW` bytes of a process are unacknowledged; then
+it waits (its writes block, as on a slow terminal) for the host's acknowledgement. A
+process has ended when its leader has and its streams are drained; streams still held
+open by what it left running are read and dropped, so nothing it left gets SIGPIPE.
 """
 
 from __future__ import annotations
@@ -42,60 +43,30 @@ import time
 from collections.abc import Callable
 
 from . import files, ports, spawn
-from .framing import HELLO, FramedLink
+from .framing import HELLO, FramedLink, HostLink
 
 TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
 if TYPE_CHECKING:
     from typing import Any
 
-WINDOW = 256 * 1024  # output bytes of one process sent and not yet acknowledged, at most
 _CHUNK = 64 * 1024
 _HANGUP_GRACE_S = 2.0  # a hung-up terminal's processes get this long before SIGKILL
 _PR_SET_CHILD_SUBREAPER = 36
 _IDLE_S = 0.05  # nothing to do for this long: the next command's leader is forked
 
 
-class _Process:
-    def __init__(self, started: spawn.Started, request: dict[str, Any]) -> None:
-        self.pid = started.pid
-        self.outputs: dict[int, int] = {started.stdout: 1}  # read fd -> stream number
-        if started.stderr is not None:
-            self.outputs[started.stderr] = 2
-        self.stdin = started.stdin  # for a terminal, its master (also its output)
-        self.terminal = request.get("pty") is not None
-        self.pending_input = b""
-        self.close_input = False  # close stdin once the pending input is written
-        self.unacked = 0
-        self.status: int | None = None  # wait status, once the leader is reaped
-        self.described = {
-            "pid": self.pid,
-            "cmd": request.get("cmd"),
-            "argv": request.get("argv"),
-            "cwd": request.get("cwd"),
-            "env": request.get("env"),
-            "tag": request.get("tag"),
-            "user": request.get("user"),
-            "pty": self.terminal,
-            "stdin": bool(request.get("stdin")) or self.terminal,
-            "started_at": time.time(),
-        }
-
-    @property
-    def paused(self) -> bool:
-        """Its output waits for the host's acknowledgement (not once it has ended)."""
-        return self.unacked >= WINDOW and self.status is None
-
-
 class Supervisor:
-    """One select loop over the kernel's socket, every process's streams and SIGCHLD."""
+    """One select loop over the kernel's socket, the host's, every process's streams and
+    SIGCHLD."""
 
-    def __init__(self, link: socket.socket) -> None:
-        self.link = FramedLink(link)
+    def __init__(self, kernel: socket.socket) -> None:
+        self.kernel = FramedLink(kernel)
+        self.host = HostLink()
         self.selector = selectors.DefaultSelector()
-        self.processes: dict[int, _Process] = {}  # running, by pid
-        self.streams: dict[int, _Process] = {}  # fd -> the process it belongs to
+        self.processes: dict[int, spawn.Running] = {}  # running, by pid
+        self.streams: dict[int, spawn.Running] = {}  # fd -> the process it belongs to
         self.orphans: set[int] = set()  # streams of ended processes, still held by others
-        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.timers: list[tuple[float, Callable[[], object]]] = []
         # A leader forked ahead of the next command, once commands have been asked for
         # (made when the supervisor is idle, off any start's path; a session of cells only
         # has none).
@@ -107,7 +78,7 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(number, signal.SIG_IGN)
-        self.selector.register(link, selectors.EVENT_READ)
+        self.selector.register(kernel, selectors.EVENT_READ)
         self.selector.register(self.waker_r, selectors.EVENT_READ)
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
             "proc.start": self._start,
@@ -122,12 +93,13 @@ class Supervisor:
             "proc.rest": self._rest,
             "ports.open": self._ports,
             "ports.shut": self._ports,
+            "proc.link": self._link,
         }
 
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> None:
-        self._send(HELLO)  # up and serving: the kernel says it is ready only after this
+        self.kernel.send(HELLO)  # up and serving: the kernel says it is ready only after this
         while True:
             timeout = None
             if self.timers:
@@ -149,8 +121,10 @@ class Supervisor:
                 fd = key.fd
                 if fd == relay_fd:
                     continue
-                if fd == self.link.fileno():
-                    self._on_link(mask)
+                if fd == self.kernel.fileno():
+                    self._on_kernel()
+                elif self.host.link is not None and fd == self.host.link.fileno():
+                    self._on_host(mask)
                 elif fd == self.waker_r:
                     self._on_signal()
                 elif fd in self.orphans:
@@ -164,8 +138,7 @@ class Supervisor:
                 action()
 
     def _refill(self) -> None:
-        """Fork the next command's leader now that nothing waits on the supervisor (the
-        fork holds it for tens of ms)."""
+        """Fork the next command's leader while nothing waits (a fork takes tens of ms)."""
         try:
             self.spare = spawn.Spare()
         except OSError:  # the process limit: the next start forks its own leader
@@ -181,7 +154,7 @@ class Supervisor:
         elif watched:
             self.selector.unregister(fd)
 
-    def _update(self, process: _Process) -> None:
+    def _update(self, process: spawn.Running) -> None:
         """Watch a process's streams for what it needs now: output unless it waits for an
         acknowledgement, its stdin while input is pending."""
         fds = set(process.outputs) | ({process.stdin} if process.stdin is not None else set())
@@ -195,25 +168,45 @@ class Supervisor:
 
     def _send(self, message: dict[str, Any]) -> None:
         try:
-            self.link.send(message)
-        except OSError:  # the kernel is gone: so is the sandbox
-            os._exit(0)
-        self._watch_link()
+            self.host.send(message)
+        except OSError:  # the host ended the connection: it asks for another when it wants
+            self._unlink()
+        self._watch_host()
 
-    def _watch_link(self) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.link.waiting else 0)
-        self._watch(self.link.fileno(), events)
+    def _watch_host(self) -> None:
+        link = self.host.link
+        if link is not None:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if link.waiting else 0)
+            self._watch(link.fileno(), events)
 
-    def _on_link(self, mask: int) -> None:
+    def _unlink(self, flush: bool = False) -> None:
+        if self.host.link is not None:
+            self._watch(self.host.link.fileno(), 0)
+            self.host.close(flush)
+
+    def _on_kernel(self) -> None:
         try:
-            if mask & selectors.EVENT_WRITE:
-                self.link.flush()
-                self._watch_link()
-            frames = self.link.receive() if mask & selectors.EVENT_READ else []
+            frames = self.kernel.receive()
         except OSError:
             frames = None
         if frames is None:
-            os._exit(0)  # the kernel has gone
+            os._exit(0)  # the kernel has gone: so has the sandbox
+        for frame in frames:
+            self._handle(frame)
+
+    def _on_host(self, mask: int) -> None:
+        link = self.host.link
+        assert link is not None
+        try:
+            if mask & selectors.EVENT_WRITE:
+                link.flush()
+                self._watch_host()
+            frames = link.receive() if mask & selectors.EVENT_READ else []
+        except OSError:
+            frames = None
+        if frames is None:
+            self._unlink()
+            return
         for frame in frames:
             self._handle(frame)
 
@@ -231,6 +224,8 @@ class Supervisor:
             result = {"error": str(exc) or type(exc).__name__}
         if "rid" in message:
             self._send({"op": "proc.reply", "rid": message["rid"], **result})
+        if op == "proc.rest":  # answered: the connection ends before the checkpoint
+            self._unlink(flush=True)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -262,7 +257,7 @@ class Supervisor:
         if size is None:  # a command: under the spare leader, if one is ready
             spare, self.spare = self.spare, None
             self.commands_asked = True
-        process = _Process(spawn.start(what, spare), request)
+        process = spawn.Running(spawn.start(what, spare), request)
         self.processes[process.pid] = process
         for fd in process.outputs:
             self.streams[fd] = process
@@ -282,6 +277,13 @@ class Supervisor:
             self.spare = None
         self.commands_asked = False
 
+    def _link(self, request: dict[str, Any]) -> None:
+        """Connect to the host where the kernel says (the sandbox's door)."""
+        self._unlink()
+        link = self.host.connect(str(request.get("path")), str(request.get("token")))
+        self._watch(link.fileno(), selectors.EVENT_READ)
+        self._watch_host()
+
     def _ports(self, request: dict[str, Any]) -> dict[str, Any]:
         """A request for the ports' relay: made at the first `ports.open`, dropped whole once
         it has nothing open (after a `ports.shut`, which comes before each checkpoint)."""
@@ -299,7 +301,7 @@ class Supervisor:
                 relay.close_all()
                 self.relay = None
 
-    def _find(self, request: dict[str, Any]) -> _Process:
+    def _find(self, request: dict[str, Any]) -> spawn.Running:
         process = self.processes.get(request.get("pid"))  # type: ignore[arg-type]
         if process is None:
             raise ProcessLookupError(f"process {request.get('pid')} is not running")
@@ -340,10 +342,8 @@ class Supervisor:
                     os.kill(member, number)
                 except OSError:
                     pass
-        self.timers.append((time.monotonic() + _HANGUP_GRACE_S, lambda: self._end_session(process)))
-
-    def _end_session(self, process: _Process) -> None:
-        spawn.kill_tree(process.pid)
+        ends = time.monotonic() + _HANGUP_GRACE_S
+        self.timers.append((ends, lambda: spawn.kill_tree(process.pid)))
 
     def _resize(self, request: dict[str, Any]) -> None:
         process = self._find(request)
@@ -364,13 +364,13 @@ class Supervisor:
 
     # -- streams -----------------------------------------------------------------------
 
-    def _on_stream(self, process: _Process, fd: int, mask: int) -> None:
+    def _on_stream(self, process: spawn.Running, fd: int, mask: int) -> None:
         if mask & selectors.EVENT_WRITE and fd == process.stdin:
             self._write_input(process)
         if mask & selectors.EVENT_READ and fd in process.outputs:
             self._read(process, fd)
 
-    def _read(self, process: _Process, fd: int) -> bool:
+    def _read(self, process: spawn.Running, fd: int) -> bool:
         """Send one piece of a stream's output; False at its end (then closed) or if empty."""
         try:
             data = os.read(fd, _CHUNK)
@@ -396,7 +396,7 @@ class Supervisor:
             self._update(process)
         return True
 
-    def _close_output(self, process: _Process, fd: int) -> None:
+    def _close_output(self, process: spawn.Running, fd: int) -> None:
         del process.outputs[fd]
         if fd == process.stdin:
             process.stdin = None
@@ -423,7 +423,7 @@ class Supervisor:
             self._watch(fd, 0)
             os.close(fd)
 
-    def _write_input(self, process: _Process) -> None:
+    def _write_input(self, process: spawn.Running) -> None:
         fd = process.stdin
         if fd is None:
             process.pending_input = b""
@@ -462,7 +462,7 @@ class Supervisor:
                 process.status = status
                 self._maybe_ended(process)
 
-    def _maybe_ended(self, process: _Process) -> None:
+    def _maybe_ended(self, process: spawn.Running) -> None:
         """Once the leader is reaped: send what its streams hold now, leave them to whatever
         still holds them open (read and dropped), and tell its end."""
         if process.status is None or process.pid not in self.processes:

@@ -25,6 +25,11 @@ import socket
 import struct
 import sys
 import termios
+import time
+
+TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
+if TYPE_CHECKING:
+    from typing import Any
 
 # Signals the leader ignores, so that one sent to the group reaches the command and the
 # leader reports the command's own answer to it (SIGKILL still ends both).
@@ -409,6 +414,42 @@ def exit_of(status: int) -> tuple[int | None, int | None]:
     if os.WIFSIGNALED(status):
         return None, os.WTERMSIG(status)
     return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1), None
+
+
+WINDOW = 256 * 1024  # output bytes of one process sent and not yet acknowledged, at most
+
+
+class Running:
+    """A process the supervisor started: its streams, its input waiting, its output owed."""
+
+    def __init__(self, started: Started, request: dict[str, Any]) -> None:
+        self.pid = started.pid
+        self.outputs: dict[int, int] = {started.stdout: 1}  # read fd -> stream number
+        if started.stderr is not None:
+            self.outputs[started.stderr] = 2
+        self.stdin = started.stdin  # for a terminal, its master (also its output)
+        self.terminal = request.get("pty") is not None
+        self.pending_input = b""
+        self.close_input = False  # close stdin once the pending input is written
+        self.unacked = 0
+        self.status: int | None = None  # wait status, once the leader is reaped
+        self.described = {
+            "pid": self.pid,
+            "cmd": request.get("cmd"),
+            "argv": request.get("argv"),
+            "cwd": request.get("cwd"),
+            "env": request.get("env"),
+            "tag": request.get("tag"),
+            "user": request.get("user"),
+            "pty": self.terminal,
+            "stdin": bool(request.get("stdin")) or self.terminal,
+            "started_at": time.time(),
+        }
+
+    @property
+    def paused(self) -> bool:
+        """Its output waits for the host's acknowledgement (not once it has ended)."""
+        return self.unacked >= WINDOW and self.status is None
 
 
 if sys.platform != "linux":  # pragma: no cover

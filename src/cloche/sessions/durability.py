@@ -319,15 +319,15 @@ class DurableSessions(ComputerSessions):
         """Save a running session's image into home (its size). A session with egress has
         its door closed and its connections ended first, and one whose ports were reached
         its ports door shut (gVisor cannot save a socket connected to the host); the doors
-        open again if the sandbox runs on. The supervisor lets its spare leader go first."""
+        open again if the sandbox runs on. The supervisor lets its spare leader go, and ends
+        its own link to the host, last (the ports' shut goes through it)."""
         assert session.kernel is not None
+        kernel = session.kernel
         policy = session.egress
-        if session.kernel.processes.started:  # it may keep a leader ready for a command
-            session.kernel.sandbox.thaw()  # an idle session's is frozen: thawed, it answers
-            await session.kernel.processes.rest()
         ports = await self.doors.shut_ports(session)
         stopped = False  # saved, and its sandbox stopped
         try:
+            await kernel.rest_supervisor()
             if policy is not None:
                 await self.doors.shut_for_checkpoint(session)
             try:
@@ -342,8 +342,10 @@ class DurableSessions(ComputerSessions):
         finally:
             if stopped:
                 await self.doors.close_ports(session.id)
-            elif ports is not None:
-                ports.reopen()  # reached again by its next request
+            else:
+                kernel.relink_supervisor()
+                if ports is not None:
+                    ports.reopen()  # reached again by its next request
         return size
 
     def _page_out(self, session: Session) -> None:

@@ -29,6 +29,7 @@ from cloche.sessions.inflight import Cell, Stage
 from cloche.sessions.messages import parse_input_request
 from cloche.sessions.processes import ProcessTable
 from cloche.sessions.result import CellResult, CellStatus
+from cloche.sessions.supervisor_link import SupervisorLink
 
 if TYPE_CHECKING:
     from cloche.packages.bridge import KernelPip
@@ -93,8 +94,12 @@ class KernelClient:
         # session must not draw the same ones); a paused session resumed goes on exactly.
         self.reseed = True
         self.pip: KernelPip | None = None  # answers the cells' `%pip install`
-        # The sandbox's commands and terminals, beside the cells (`kernel.procd`).
-        self.processes = ProcessTable(self.send)
+        # The sandbox's commands and terminals, beside the cells (`kernel.procd`), through
+        # a link of their own.
+        self.supervisor = SupervisorLink(
+            sandbox.id, max_frame_bytes, self._from_supervisor, self._supervisor_gone
+        )
+        self.processes = ProcessTable(self.supervisor.send)
 
     @property
     def id(self) -> str:
@@ -128,6 +133,7 @@ class KernelClient:
                 async with asyncio.timeout(timeout_s):
                     await self._ready
                 await asyncio.to_thread(self.sandbox.started)
+            self._link_supervisor()
         except BaseException as exc:
             await self.close()
             if isinstance(exc, TimeoutError):
@@ -139,6 +145,33 @@ class KernelClient:
                 raise SandboxStartError(f"sandbox {self.id} exited while starting: {exc}") from exc
             raise
         self.alive = True
+
+    def _link_supervisor(self) -> None:
+        """Have the supervisor connect to the host (a pool's template sandbox, saved at once
+        and never given a command, is not linked: its clones are, when restored)."""
+        sandbox = self.sandbox
+        if sandbox.for_clones:
+            return
+        if sandbox.door_dir is None or sandbox.door_inside is None:
+            self.supervisor.gone("this sandbox has no door for its process supervisor")
+            return
+        self.supervisor.open(sandbox.door_dir, sandbox.door_inside, self.send)
+
+    async def rest_supervisor(self) -> None:
+        """Before a checkpoint: the supervisor lets its spare leader go and ends its link to
+        the host (`relink_supervisor` after, if the sandbox runs on)."""
+        self.sandbox.thaw()  # an idle session's is frozen: thawed, it answers
+        await self.supervisor.rest(self.processes.rest)
+
+    def relink_supervisor(self) -> None:
+        if self.alive:
+            self.supervisor.relink()
+
+    def _from_supervisor(self, message: dict[str, Any]) -> None:
+        self.processes.on_message(message)
+
+    def _supervisor_gone(self, why: str) -> None:
+        self.processes.lost(why)
 
     async def _restored(self, timeout_s: float) -> None:
         """A restored kernel said it was ready before its checkpoint; its first cell is the
@@ -332,8 +365,9 @@ class KernelClient:
                 self.pip.request(cell, message)
         elif op == "input":
             self._on_input(cell, message)
-        elif isinstance(op, str) and op.startswith("proc."):
-            self.processes.on_message(message)
+        elif op == "proc.gone":  # the kernel could not pass `proc.link` on
+            why = message.get("why")
+            self.supervisor.gone(why[:300] if isinstance(why, str) else "no process supervisor")
         elif op == "ready":
             if self._ready is None or self._ready.done():
                 raise InvalidMessage("a second ready message")
@@ -419,6 +453,7 @@ class KernelClient:
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(KernelDied(self.death))
         self.processes.lost(self.death)
+        self.supervisor.close()
         cell = self._cell
         if cell is not None and not cell.future.done():
             cell.gone(self.death, self.death_reason)
@@ -445,6 +480,7 @@ class KernelClient:
             if cell.stage is Stage.RUNNING:
                 self._signal(cell, CellStatus.INTERRUPTED)
             await asyncio.shield(cell.future)
+        self.supervisor.close()
         if self._writer is not None:
             self._writer.close()  # the kernel reads EOF and exits
         if self._reader is not None:
