@@ -52,7 +52,11 @@ class Supervisor:
         self.kernel.settimeout(DEADLINE_S)
         self.door = str(door_dir / SUPERVISOR_DOOR)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.door)
+        directory = os.open(door_dir, os.O_RDONLY | os.O_DIRECTORY)  # a path of any length
+        try:
+            self.listener.bind(f"/proc/self/fd/{directory}/{SUPERVISOR_DOOR}")
+        finally:
+            os.close(directory)
         self.listener.listen(4)
         self.listener.settimeout(DEADLINE_S)
         self.link: socket.socket | None = None
@@ -219,6 +223,18 @@ def test_it_says_hello_to_the_kernel_then_links_to_the_host_with_the_token(tmp_p
         supervisor.kernel.setblocking(True)
         assert supervisor.connect("s3cret") == {"op": "proc.hello", "token": "s3cret"}
         assert supervisor.ask("proc.list") == {"op": "proc.reply", "rid": 1, "processes": []}
+    finally:
+        supervisor.close()
+
+
+def test_a_door_deeper_than_a_sockets_path_holds_is_reached_through_its_directory(tmp_path):
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    supervisor = Supervisor(deep)
+    try:
+        assert len(supervisor.door) > 108
+        assert supervisor.connect("deep") == {"op": "proc.hello", "token": "deep"}
+        assert supervisor.ask("proc.list")["processes"] == []
     finally:
         supervisor.close()
 

@@ -9,6 +9,7 @@ The process supervisor (`procd`) speaks this to the kernel (its hello, and the k
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 
@@ -90,12 +91,19 @@ class HostLink:
         """A new connection to the host at path, the old one closed (OSError: none)."""
         self.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        directory = -1
         try:
             sock.settimeout(5.0)
+            if len(os.fsencode(path)) > 100:  # past a unix socket's room: through its dir
+                directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+                path = f"/proc/self/fd/{directory}/{os.path.basename(path)}"
             sock.connect(path)
         except OSError:
             sock.close()
             raise
+        finally:
+            if directory >= 0:
+                os.close(directory)
         link = FramedLink(sock)
         link.send({**HELLO, "token": token})  # which proves it is the host's supervisor
         kept, self.kept = self.kept, []

@@ -1,9 +1,9 @@
 """The host's side of a kernel's processes: requests to its supervisor, and their output.
 
 The supervisor (`cloche.kernel.procd`) runs a session's commands and terminals beside its
-kernel; its frames come over the kernel's channel (`proc.*`). Like everything from the
-sandbox, they are untrusted: each is checked here, and one that makes no sense is dropped
-(a forged frame can only confuse its own session's listeners).
+kernel; its frames come over a link of its own (`supervisor_link`). Like everything from
+the sandbox, they are untrusted: each is checked here, and a malformed one ends the link
+(the session's commands fail from then on; its cells go on).
 
 Output is taken by watchers (a foreground run, an attached stream, a terminal's
 websocket). The supervisor sends a process's output only while less than its window is
@@ -114,7 +114,6 @@ class ProcessTable:
         self._watchers: dict[int, list[Watcher]] = {}
         self.ended: collections.OrderedDict[int, Exit] = collections.OrderedDict()
         self.lost_why: str | None = None
-        self.started = False  # a process was asked for: the supervisor may keep a spare
         self.on_exit: Callable[[Exit], None] | None = None  # the session's bookkeeping
 
     async def start(self, watchers: int = 1, **fields: Any) -> tuple[int, list[Watcher]]:
@@ -124,7 +123,6 @@ class ProcessTable:
         Raises:
             ProcessError: the supervisor refused (its reason), or the sandbox is gone.
         """
-        self.started = True
         reply = await self.request("proc.start", _watchers=watchers, **fields)
         pid = reply.get("pid")
         if type(pid) is not int:
@@ -166,8 +164,9 @@ class ProcessTable:
 
     async def rest(self) -> None:
         """Before a checkpoint: the supervisor lets go of the leader it keeps ready for the
-        next command (each process adds about its own size to the image), and forks none
-        until a command asks. Best effort: a checkpoint is never refused for it."""
+        next command (each process adds about its own size to the image), forks none until
+        a command asks, and ends its link to the host once it has answered
+        (`SupervisorLink.rest`). Best effort: a checkpoint is never refused for it."""
         if self.lost_why is None:
             with contextlib.suppress(ProcessError):
                 await self.request("proc.rest", _timeout_s=REST_TIMEOUT_S)
@@ -208,7 +207,7 @@ class ProcessTable:
     # -- frames from the supervisor ----------------------------------------------------
 
     def on_message(self, message: dict[str, Any]) -> None:
-        """A `proc.*` frame from the kernel. Raises InvalidMessage for a malformed one."""
+        """A `proc.*` frame from the supervisor. Raises InvalidMessage for a malformed one."""
         op = message.get("op")
         if op == "proc.reply":
             rid = message.get("rid")
