@@ -33,8 +33,8 @@ class TracingRunsc(Runsc):
 
     debug_dir = Path("/nonexistent")
 
-    def global_args(self) -> list[str]:
-        return [*super().global_args(), "--strace", f"--debug-log={self.debug_dir}/"]
+    def global_args(self, platform: str | None = None) -> list[str]:
+        return [*super().global_args(platform), "--strace", f"--debug-log={self.debug_dir}/"]
 
 
 class Kernel:

@@ -13,7 +13,7 @@ import functools
 import json
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +55,27 @@ class CellEntry:
 
     @functools.cached_property
     def size(self) -> int:
-        """About how many bytes it holds: its JSON's length, counted once (on every cell, as
-        it is kept and again as it is let go; `asdict` would copy it deeply each time)."""
-        return len(json.dumps({name: getattr(self, name) for name in _FIELDS}, default=str))
+        """About how many bytes it holds, counted once (on every cell, as it is kept and
+        again as it is let go): its texts' lengths, and its bundles' (their JSON's, where a
+        value is not text), over a fixed share for the rest."""
+        texts = (self.code, self.stdout, self.stderr, self.message or "", *self.files_changed)
+        return (
+            _ENTRY_BYTES
+            + sum(len(text) for text in texts)
+            + sum(_weight(part) for part in (self.result, self.error, *self.displays))
+        )
 
 
-_FIELDS = tuple(f.name for f in fields(CellEntry))
+_ENTRY_BYTES = 400  # an entry's JSON without its texts and bundles, about
+
+
+def _weight(part: dict[str, Any] | None) -> int:
+    """A bundle's (or an error's) size as JSON, about: text values by their length."""
+    if not part:
+        return 0
+    if all(isinstance(value, str) for value in part.values()):
+        return sum(len(key) + len(value) + 6 for key, value in part.items())
+    return len(json.dumps(part, default=str))
 
 
 def entry_of(
