@@ -21,9 +21,8 @@ the CPU left over, unevenly (sessions/cpu.py `cpu_move`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 # The default number of places: measured with 10-100 busy sessions on 2 cores, 3-4 per core
 # kept the p99 of 100 sessions near 150 ms (555 ms without the gate) and lost the least
@@ -58,31 +57,44 @@ class CellGate:
         """More long cells busy (or behind the host) than cores."""
         return len(self._long) > self.cores
 
-    @contextlib.asynccontextmanager
-    async def admitted(self, overran: Callable[[], None] | None = None) -> AsyncIterator[None]:
-        """Wait for a place, hold it while the block runs or for one slice, whichever is
-        shorter; when the slice ends first, `overran` is called (once)."""
-        self.waiting += 1
-        try:
-            await self._free.acquire()
-        finally:
-            self.waiting -= 1
-        held = True
+    def admitted(self, overran: Callable[[], None] | None = None) -> Place:
+        """A place (`async with`): wait for one, hold it while the block runs or for one
+        slice, whichever is shorter; when the slice ends first, `overran` is called (once)."""
+        return Place(self, overran)
 
-        def give_up() -> None:
-            nonlocal held
-            if held:
-                held = False
-                self._free.release()
-                self.overruns += 1
-                if overran is not None:
-                    overran()
 
-        timer = asyncio.get_running_loop().call_later(self.slice_s, give_up)
+class Place:
+    """One cell's place at the gate (a class, not a generator: it is taken on every cell)."""
+
+    __slots__ = ("gate", "held", "overran", "timer")
+
+    def __init__(self, gate: CellGate, overran: Callable[[], None] | None) -> None:
+        self.gate = gate
+        self.overran = overran
+        self.held = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> None:
+        gate = self.gate
+        gate.waiting += 1
         try:
-            yield
+            await gate._free.acquire()
         finally:
-            timer.cancel()
-            if held:
-                held = False
-                self._free.release()
+            gate.waiting -= 1
+        self.held = True
+        self.timer = asyncio.get_running_loop().call_later(gate.slice_s, self._give_up)
+
+    def _give_up(self) -> None:
+        if self.held:
+            self.held = False
+            self.gate._free.release()
+            self.gate.overruns += 1
+            if self.overran is not None:
+                self.overran()
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.held:
+            self.held = False
+            self.gate._free.release()
