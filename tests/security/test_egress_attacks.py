@@ -110,13 +110,16 @@ def test_egress_cant_reach_metadata_loopback_or_the_server(door):
     assert output.splitlines() == ["HTTP/1.1 403 Forbidden"] * len(targets)
 
 
-def test_egress_door_is_the_only_host_socket(door):
+def test_the_doors_are_the_only_host_sockets_and_the_supervisors_wants_its_token(door):
     """Use the sandbox's permission to open host unix sockets: look for any socket under /run,
-    /var/run, /tmp, the home and /opt, and connect to the Docker and containerd socket paths.
-    Outcome: the session's own door is the only socket there is."""
-    _, output = _cell(
+    /var/run, /tmp, the home and /opt, connect to the Docker and containerd socket paths,
+    and to the process supervisor's door as the supervisor with a guessed token. Outcome:
+    the session's own doors (egress, supervisor) are the only sockets there are; the
+    supervisor's closes at once, answering nothing, and the session's commands go on."""
+    server: ServerThread = door["server"]
+    session, output = _cell(
         door,
-        "import os, socket, stat\nfound = []\n"
+        "import os, socket, stat, json, struct\nfound = []\n"
         "for top in ('/run', '/var/run', '/tmp', '/home', '/opt'):\n"
         "    for root, dirs, files in os.walk(top):\n"
         "        for name in files:\n"
@@ -129,11 +132,24 @@ def test_egress_door_is_the_only_host_socket(door):
         "        socket.socket(socket.AF_UNIX).connect(path)\n"
         "        print('connected', path)\n"
         "    except OSError as exc:\n"
-        "        print('refused', type(exc).__name__)\n",
+        "        print('refused', type(exc).__name__)\n"
+        "impostor = socket.socket(socket.AF_UNIX)\n"
+        "impostor.settimeout(60)\n"
+        "impostor.connect('/run/cloche/procd.sock')\n"
+        "hello = json.dumps({'op': 'proc.hello', 'token': 'guessed'}).encode()\n"
+        "impostor.sendall(struct.pack('>I', len(hello)) + hello)\n"
+        "print('supervisor door said', impostor.recv(4096))\n",
     )
     lines = output.splitlines()
-    assert lines[0] == "['/run/cloche/door.sock']"
-    assert all(line.startswith("refused") for line in lines[1:])
+    assert lines[0] == "['/run/cloche/door.sock', '/run/cloche/procd.sock']"
+    assert all(line.startswith("refused") for line in lines[1:3])
+    assert lines[3] == "supervisor door said b''"
+    ran = httpx.post(
+        f"http://127.0.0.1:{server.http_port}/v1/sessions/{session}/commands",
+        json={"cmd": "echo still-mine"},
+        timeout=120,
+    )
+    assert ran.status_code == 200 and ran.json()["stdout"] == "still-mine\n", ran.text
 
 
 def test_egress_secret_value_never_reaches_the_sandbox(door):

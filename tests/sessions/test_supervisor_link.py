@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cloche.errors import InvalidMessage
-from cloche.sessions.supervisor_link import GONE, SOCKET, SupervisorLink
+from cloche.sessions.supervisor_link import GONE, MAX_RELINKS, SOCKET, SupervisorLink
 
 HEADER = struct.Struct(">I")
 
@@ -94,7 +94,7 @@ async def test_only_a_connection_with_the_token_counts_and_gets_what_waited(tmp_
     assert not (tmp_path / SOCKET).exists()
 
 
-async def test_an_end_after_a_rest_is_expected_and_any_other_is_the_supervisor_gone(
+async def test_an_end_after_a_rest_is_expected_and_any_other_asks_for_a_new_link(
     tmp_path,
 ) -> None:
     host = Host(tmp_path)
@@ -112,9 +112,30 @@ async def test_an_end_after_a_rest_is_expected_and_any_other_is_the_supervisor_g
     assert len(host.asked) == 2 and host.asked[1]["token"] != host.asked[0]["token"]
     reader, writer = await host.connect()
     assert await read_frame(reader) == {"op": "proc.list", "rid": 2}
-    writer.close()  # killed from inside, say
+    for relinked in range(MAX_RELINKS):  # an end nobody asked for: a new link is asked for
+        writer.close()
+        await until(lambda n=3 + relinked: len(host.asked) == n)  # type: ignore[misc]
+        assert host.gone == [] and not host.link.linked
+        reader, writer = await host.connect()
+        await until(lambda: host.link.linked)
+    writer.close()  # ... a few times; then the supervisor is taken for gone
     await until(lambda: host.gone)
-    assert host.gone == [GONE]
+    assert host.gone == [GONE] and len(host.asked) == 2 + MAX_RELINKS
+    host.link.relink()  # asks nothing any more
+    assert len(host.asked) == 2 + MAX_RELINKS
+    host.link.close()
+
+
+async def test_the_kernel_saying_the_supervisor_has_gone_fails_what_waits(tmp_path) -> None:
+    # Killed from inside: its link ended, the one asked for again never comes; the kernel
+    # could not pass the request on (`proc.gone`), and says why.
+    host = Host(tmp_path)
+    host.open()
+    host.link.send({"op": "proc.list", "rid": 1})
+    host.link.gone("the sandbox's process supervisor has ended (killed from inside?)")
+    assert host.gone == ["the sandbox's process supervisor has ended (killed from inside?)"]
+    host.link.gone("again")  # told once
+    assert len(host.gone) == 1
     host.link.close()
 
 

@@ -8,6 +8,7 @@ The process supervisor (`procd`) speaks this to the kernel (its hello, and the k
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -21,6 +22,9 @@ HEADER = struct.Struct(">I")
 HELLO = {"op": "proc.hello"}  # the supervisor's first frame, which the kernel keeps to itself
 SUPERVISOR_DOOR = "procd.sock"  # in the sandbox's door directory: the host listens there
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+# Errors of a send or receive that pass: the sentry short of memory for a moment (a fork bomb
+# in the sandbox), as a full buffer does; what waits goes at the socket's next turn.
+_PASSING = (errno.ENOMEM, errno.ENOBUFS)
 
 
 class FramedLink:
@@ -56,6 +60,9 @@ class FramedLink:
                 del self.outbox[:sent]
         except BlockingIOError:
             pass
+        except OSError as exc:
+            if exc.errno not in _PASSING:
+                raise
 
     def receive(self) -> list[dict[str, Any]] | None:
         """The frames completed by what the socket has now; None once the peer has gone."""
@@ -63,6 +70,10 @@ class FramedLink:
             data = self.sock.recv(1 << 16)
         except BlockingIOError:
             return []
+        except OSError as exc:
+            if exc.errno in _PASSING:
+                return []
+            raise
         if not data:
             return None
         self.inbox += data

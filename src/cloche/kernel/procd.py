@@ -23,6 +23,7 @@ host's frames itself. It is the sandbox's subreaper: what a command leaves is re
     supervisor -> host  {"op": "proc.reply", "rid", ...result | "error": str}
                         {"op": "proc.out", "pid", "fd": 1 | 2, "data": base64}
                         {"op": "proc.exit", "pid", "exit_code": int | null, "signal": int | null}
+                        {"op": "proc.note", "why"}   (a failure for the host's log)
 
 Output goes out in pieces until `spawn.WINDOW` bytes of a process are unacknowledged; then
 it waits (its writes block, as on a slow terminal) for the host's acknowledgement. A
@@ -38,7 +39,6 @@ import errno
 import os
 import selectors
 import signal
-import socket
 import time
 from collections.abc import Callable
 
@@ -47,6 +47,7 @@ from .framing import HELLO, FramedLink, HostLink
 
 TYPE_CHECKING = False  # typing is not imported: the supervisor stays small
 if TYPE_CHECKING:
+    import socket
     from typing import Any
 
 _CHUNK = 64 * 1024
@@ -155,8 +156,7 @@ class Supervisor:
             self.selector.unregister(fd)
 
     def _update(self, process: spawn.Running) -> None:
-        """Watch a process's streams for what it needs now: output unless it waits for an
-        acknowledgement, its stdin while input is pending."""
+        """Watch a process's streams: output unless it waits for an ack, stdin if input waits."""
         fds = set(process.outputs) | ({process.stdin} if process.stdin is not None else set())
         for fd in fds:
             events = 0
@@ -169,8 +169,9 @@ class Supervisor:
     def _send(self, message: dict[str, Any]) -> None:
         try:
             self.host.send(message)
-        except OSError:  # the host ended the connection: it asks for another when it wants
-            self._unlink()
+        except OSError as exc:  # the connection failed: the host asks for another
+            self._unlink(failed=exc)
+            self.host.kept.append(message)
         self._watch_host()
 
     def _watch_host(self) -> None:
@@ -179,10 +180,12 @@ class Supervisor:
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if link.waiting else 0)
             self._watch(link.fileno(), events)
 
-    def _unlink(self, flush: bool = False) -> None:
+    def _unlink(self, flush: bool = False, failed: OSError | None = None) -> None:
         if self.host.link is not None:
             self._watch(self.host.link.fileno(), 0)
             self.host.close(flush)
+            if failed is not None:  # said on the next link (the host logs it)
+                self.host.kept.append({"op": "proc.note", "why": f"its link failed: {failed}"})
 
     def _on_kernel(self) -> None:
         try:
@@ -202,8 +205,9 @@ class Supervisor:
                 link.flush()
                 self._watch_host()
             frames = link.receive() if mask & selectors.EVENT_READ else []
-        except OSError:
-            frames = None
+        except OSError as exc:
+            self._unlink(failed=exc)
+            return
         if frames is None:
             self._unlink()
             return
@@ -267,8 +271,7 @@ class Supervisor:
         return {"pid": process.pid}
 
     def _rest(self, _request: dict[str, Any]) -> None:
-        """A checkpoint comes: let the spare leader go, and fork none until the next command
-        (each process the sandbox holds adds about its own size to the image)."""
+        """A checkpoint comes: no spare leader until the next command (a process's size)."""
         if self.spare is not None:
             self.spare.discard()
             with contextlib.suppress(OSError):  # gone before the checkpoint, and reaped
@@ -277,16 +280,14 @@ class Supervisor:
             self.spare = None
         self.commands_asked = False
 
-    def _link(self, request: dict[str, Any]) -> None:
-        """Connect to the host where the kernel says (the sandbox's door)."""
+    def _link(self, request: dict[str, Any]) -> None:  # to the host, at the sandbox's door
         self._unlink()
         link = self.host.connect(str(request.get("path")), str(request.get("token")))
         self._watch(link.fileno(), selectors.EVENT_READ)
         self._watch_host()
 
     def _ports(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A request for the ports' relay: made at the first `ports.open`, dropped whole once
-        it has nothing open (after a `ports.shut`, which comes before each checkpoint)."""
+        """For the ports' relay: made at the first `ports.open`, dropped with nothing open."""
         if self.relay is None:
             if request.get("op") == "ports.shut":
                 return {"ended": 0}
@@ -463,8 +464,7 @@ class Supervisor:
                 self._maybe_ended(process)
 
     def _maybe_ended(self, process: spawn.Running) -> None:
-        """Once the leader is reaped: send what its streams hold now, leave them to whatever
-        still holds them open (read and dropped), and tell its end."""
+        """Once the leader is reaped: send what its streams hold, leave them, tell its end."""
         if process.status is None or process.pid not in self.processes:
             return
         del self.processes[process.pid]

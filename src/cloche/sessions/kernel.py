@@ -168,6 +168,9 @@ class KernelClient:
             self.supervisor.relink()
 
     def _from_supervisor(self, message: dict[str, Any]) -> None:
+        if message.get("op") == "proc.note":  # what it wants the host's log to have
+            log.warning("sandbox %s: its supervisor says %.300s", self.id, message.get("why"))
+            return
         self.processes.on_message(message)
 
     def _supervisor_gone(self, why: str) -> None:

@@ -5,7 +5,9 @@ The host asks for it through the kernel (`proc.link`, with a token of this link'
 the sandbox has started or been restored, never during a cell; the supervisor connects and
 says hello with the token. It ends after the supervisor's `proc.rest`, before each
 checkpoint (gVisor cannot save a socket connected to the host), and is asked for again if
-the sandbox runs on. Frames to the supervisor wait here while there is none.
+the sandbox runs on. Frames to the supervisor wait here while there is none. A link that
+ends unasked is asked for again (a few times): the kernel then either passes the request on
+to a supervisor that is there, or says it has gone (`proc.gone`, from `KernelClient`).
 
 Whatever comes through the door is untrusted: anything in the sandbox may connect, so a
 connection counts only once its first frame carries the token, one at a time, and its
@@ -35,6 +37,7 @@ GONE = "the sandbox's process supervisor has ended (killed from inside?)"
 LINK_WITHIN_S = 10.0  # a checkpoint waits this long for a link asked for to be made
 END_WITHIN_S = 5.0  # ... and for the supervisor to end it after its `proc.rest`
 _MAX_KEPT = 4096  # frames kept for a link that has not come; past this it never will
+MAX_RELINKS = 5  # links that ended unasked, asked for again; past this the supervisor is gone
 _BACKLOG = 4
 
 
@@ -69,6 +72,7 @@ class SupervisorLink:
         self._made: asyncio.Future[None] | None = None  # asked for, not yet made
         self._ended: asyncio.Future[None] | None = None  # made, not yet ended
         self._resting = False  # a `proc.rest` is under way: the end that follows is expected
+        self._relinks = 0  # links asked for again after an end nobody asked for
         self.closed = False
         self.lost_why: str | None = None
 
@@ -101,7 +105,7 @@ class SupervisorLink:
 
     def relink(self) -> None:
         """Ask the supervisor to connect (again), with a new token."""
-        if self.closed or self._ask is None or self._transport is not None:
+        if self.closed or self.lost_why is not None or self._ask is None or self._transport:
             return
         self._token = secrets.token_urlsafe(24)
         if self._made is None or self._made.done():
@@ -215,8 +219,16 @@ class SupervisorLink:
         self._transport = None
         if self._ended is not None and not self._ended.done():
             self._ended.set_result(None)
-        if not self._resting and not self.closed:
+        if self._resting or self.closed:
+            return
+        if self._relinks >= MAX_RELINKS:
             self.gone(GONE)
+            return
+        self._relinks += 1
+        log.warning(
+            "sandbox %s: its supervisor's link ended unasked; asking again", self.sandbox_id
+        )
+        self.relink()
 
 
 class _Connection(asyncio.Protocol):
