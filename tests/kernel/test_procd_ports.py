@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from cloche.kernel.framing import HELLO, SUPERVISOR_DOOR
+from cloche.kernel.framing import HELLO
 from cloche.kernel.router import await_supervisor
+from cloche.sessions.supervisor_link import SOCKET as SUPERVISOR_DOOR
 
 HEADER = struct.Struct(">I")
 DEADLINE_S = 30.0

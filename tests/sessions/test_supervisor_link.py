@@ -126,7 +126,7 @@ async def test_an_end_after_a_rest_is_expected_and_any_other_asks_for_a_new_link
     host.link.close()
 
 
-async def test_the_kernel_saying_the_supervisor_has_gone_fails_what_waits(tmp_path) -> None:
+async def test_the_supervisor_gone_is_told_once(tmp_path) -> None:
     # Killed from inside: its link ended, the one asked for again never comes; the kernel
     # could not pass the request on (`proc.gone`), and says why.
     host = Host(tmp_path)

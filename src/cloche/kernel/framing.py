@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct(">I")
 HELLO = {"op": "proc.hello"}  # the supervisor's first frame, which the kernel keeps to itself
-SUPERVISOR_DOOR = "procd.sock"  # in the sandbox's door directory: the host listens there
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 # Errors of a send or receive that pass: the sentry short of memory for a moment (a fork bomb
 # in the sandbox), as a full buffer does; what waits goes at the socket's next turn.

@@ -4,10 +4,11 @@ for its link.
 The host's frames all come to the kernel, on its channel, and the kernel reads them itself:
 between cells in its serve loop, during a cell in the callers that wait for a reply
 (`llm.Bridge`). Only one of them is not the kernel's: `proc.link`, which the host sends
-after a start and after each restore, never during a cell. The kernel passes it on to the
-supervisor, which then connects to the host through the sandbox's door and talks to it
-directly (`framing.HostLink`): commands, terminals and the ports' relay never wait on a
-cell, and a cell never waits on a thread of the kernel's.
+after a start and after each restore, between cells (one asked for again after a link ended
+unasked may come during a cell: it is passed on when the cell reads the channel for a reply,
+or once it ends). The kernel passes it on to the supervisor, which then connects to the
+host through the sandbox's door and talks to it directly (`framing.HostLink`): commands,
+terminals and the ports' relay never wait on a cell, and a cell never waits on a thread.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import struct
 from typing import Any
 
 from .channel import Channel
+from .framing import HELLO
 
 _HEADER = struct.Struct(">I")
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-_HELLO = b'{"op":"proc.hello"}'  # framing.HELLO as it is sent
+_HELLO = _encoder.encode(HELLO).encode()  # as the supervisor sends it (`framing`)
 _GONE = "the sandbox's process supervisor has ended (killed from inside?)"
 
 

@@ -2,7 +2,7 @@
 the supervisor makes to the sandbox's door (`procd.sock`), apart from the kernel's channel.
 
 The host asks for it through the kernel (`proc.link`, with a token of this link's own) when
-the sandbox has started or been restored, never during a cell; the supervisor connects and
+the sandbox has started or been restored, between cells; the supervisor connects and
 says hello with the token. It ends after the supervisor's `proc.rest`, before each
 checkpoint (gVisor cannot save a socket connected to the host), and is asked for again if
 the sandbox runs on. Frames to the supervisor wait here while there is none. A link that
@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from cloche.errors import InvalidMessage, ProtocolError
+from cloche.network.door_socket import listen_at
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
 
 log = logging.getLogger("cloche.kernel")
 
-SOCKET = "procd.sock"  # in a sandbox's door directory (kernel/framing.py: SUPERVISOR_DOOR)
+SOCKET = "procd.sock"  # in a sandbox's door directory (its path inside goes in `proc.link`)
 GONE = "the sandbox's process supervisor has ended (killed from inside?)"
 LINK_WITHIN_S = 10.0  # a checkpoint waits this long for a link asked for to be made
 END_WITHIN_S = 5.0  # ... and for the supervisor to end it after its `proc.rest`
@@ -86,21 +87,8 @@ class SupervisorLink:
         self._path = door_dir / SOCKET
         self._inside = f"{inside}/{SOCKET}"
         self._ask = ask
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        # A unix socket's path has room for ~107 bytes; deep state directories have longer
-        # ones: bind through the directory's descriptor instead.
-        directory = os.open(door_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            listener.bind(f"/proc/self/fd/{directory}/{SOCKET}")
-        finally:
-            os.close(directory)
-        os.chmod(self._path, 0o666)  # noqa: S103  # a supervisor without root connects too
-        listener.listen(_BACKLOG)
-        listener.setblocking(False)
-        self._listener = listener
-        asyncio.get_running_loop().add_reader(listener, self._accept)
+        self._listener = listen_at(self._path, _BACKLOG)  # a supervisor without root connects
+        asyncio.get_running_loop().add_reader(self._listener, self._accept)
         self.relink()
 
     def relink(self) -> None:

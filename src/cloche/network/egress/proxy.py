@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cloche.network.door_socket import listen_at
 from cloche.network.egress import guard
 from cloche.network.egress.heads import (
     BadRequest,
@@ -53,6 +54,7 @@ from cloche.network.splice import ready, splice_all
 
 log = logging.getLogger("cloche.egress")
 
+_BACKLOG = 100  # connections waiting to be taken (asyncio's default)
 HEAD_LIMIT_BYTES = 64 * 1024  # a request line and headers larger than this are refused
 HEAD_TIMEOUT_S = 30.0
 CHUNK_BYTES = 1024 * 1024
@@ -111,18 +113,9 @@ class Door:
 
     async def open(self, path: Path) -> None:
         """Listen on path (replacing a stale socket there); the sandbox's user may connect."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        # A unix socket's path has room for ~107 bytes; deep state directories (a cluster
-        # node's) have longer ones: bind through the directory's descriptor instead.
-        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            self._server = await asyncio.start_unix_server(
-                self._serve, f"/proc/self/fd/{directory}/{path.name}", limit=HEAD_LIMIT_BYTES
-            )
-        finally:
-            os.close(directory)
-        os.chmod(path, 0o666)  # noqa: S103  # the sandbox's uid connects; only it sees the dir
+        self._server = await asyncio.start_unix_server(
+            self._serve, sock=listen_at(path, _BACKLOG), limit=HEAD_LIMIT_BYTES
+        )
         self.path = path
 
     async def close(self) -> None:

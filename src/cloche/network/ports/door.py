@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cloche.errors import PortUnreachable
+from cloche.network.door_socket import listen_at
 
 log = logging.getLogger("cloche.ports")
 
@@ -228,20 +229,7 @@ class PortDoor:
         async with self._opening:
             if self._listener is not None:
                 return
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            # A unix socket's path has room for ~107 bytes; deep state directories have
-            # longer ones: bind through the directory's descriptor instead.
-            directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                listener.bind(f"/proc/self/fd/{directory}/{self.path.name}")
-            finally:
-                os.close(directory)
-            os.chmod(self.path, 0o666)  # noqa: S103  # the sandbox's user connects
-            listener.listen(MAX_WAITING)
-            listener.setblocking(False)
-            self._listener = listener
+            self._listener = listen_at(self.path, MAX_WAITING)
             self._resume_accepting()
             self._asked = True
             try:
