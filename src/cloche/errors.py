@@ -238,10 +238,13 @@ class SessionError(ClocheError):
 
 
 class SessionNotFound(SessionError):
-    """The session is unknown, closed, expired, or belongs to another token."""
+    """The session is unknown, closed, expired, or belongs to another token; or its
+    sandbox died while it was asked (why says how)."""
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"Session {session_id} not found")
+    def __init__(self, session_id: str, why: str = "") -> None:
+        super().__init__(
+            f"Session {session_id} is gone: {why}" if why else f"Session {session_id} not found"
+        )
         self.session_id = session_id
 
 

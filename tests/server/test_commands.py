@@ -6,6 +6,7 @@ that leaves killing its command, and the filesystem shared with cells."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 
 import httpx
@@ -354,3 +355,43 @@ def test_a_background_start_asked_as_events_streams_from_its_first_byte(http, se
     assert [c["pid"] for c in listed] == [started["pid"]]
     assert http.delete(f"/v1/sessions/{session}/commands/{started['pid']}").status_code == 204
     wait_until(lambda: http.get(f"/v1/sessions/{session}/commands").json()["commands"] == [])
+
+
+def test_a_kill_asked_as_the_sandbox_dies_is_told_the_session_is_gone(server, http, session):
+    """The supervisor is stopped (as root), so a kill waits for its answer; the sandbox then
+    dies under it. The kill is told what a request to a dead session is told (404, with how
+    it died), not that the process could not be reached (400): there is nothing to kill."""
+    sleeper = http.post(
+        f"/v1/sessions/{session}/commands", json={"cmd": "sleep 600", "background": True}
+    ).json()["pid"]
+    found = http.post(
+        f"/v1/sessions/{session}/execute",
+        json={
+            "code": "import os\n"
+            "ours = {int(p): int(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+            "        for p in os.listdir('/proc') if p.isdigit()\n"
+            "        and b'procd.run' in open(f'/proc/{p}/cmdline', 'rb').read()}\n"
+            "[pid for pid, parent in ours.items() if parent not in ours]"  # not its spare
+        },
+    ).json()["result_json"]
+    assert len(found) == 1, found
+    supervisor = found[0]
+    stopper = {"cmd": f"kill -STOP {supervisor}", "user": "root", "background": True}
+    assert http.post(f"/v1/sessions/{session}/commands", json=stopper).status_code == 201
+    state = f"open('/proc/{supervisor}/stat').read().rsplit(')', 1)[1].split()[0]"
+
+    def stopped() -> bool:
+        reply = http.post(f"/v1/sessions/{session}/execute", json={"code": state})
+        return reply.json()["result_json"] == "T"
+
+    wait_until(stopped)
+    kernel = server.server.manager._sessions[session].kernel
+    with ThreadPoolExecutor(1) as pool:
+        kill = pool.submit(http.delete, f"/v1/sessions/{session}/commands/{sleeper}")
+        wait_until(lambda: kernel.processes.asking)
+        died = http.post(f"/v1/sessions/{session}/execute", json={"code": "import os; os._exit(3)"})
+        assert died.json()["session_alive"] is False, died.text
+        killed = kill.result(timeout=60)
+    assert killed.status_code == 404, killed.text
+    message = killed.json()["error"]["message"]
+    assert message.startswith(f"Session {session} is gone: ") and "exit" in message, message

@@ -10,13 +10,14 @@ session is in use: not frozen, paused or closed for idleness.
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from cloche.errors import ClocheError, Forbidden, SessionLost, SessionNotFound
+from cloche.errors import ClocheError, Forbidden, ProcessError, SessionLost, SessionNotFound
 from cloche.sandbox.bundle import DOOR_MOUNT
 from cloche.sessions import filesystem
 from cloche.sessions.commands import (
@@ -34,6 +35,31 @@ from cloche.sessions.session import Session
 
 log = logging.getLogger("cloche.session")
 EGRESS_PORT = 3128  # the kernel's proxy on the sandbox's loopback (kernel/egress.py)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _told_if_died(
+    verb: Callable[Concatenate[ComputerSessions, str, _P], Coroutine[Any, Any, _T]],
+) -> Callable[Concatenate[ComputerSessions, str, _P], Coroutine[Any, Any, _T]]:
+    """A process verb whose sandbox dies while the supervisor is asked answers as a
+    request to a session that is gone (SessionNotFound, with how it died), not as a
+    process that could not be reached: there is no process left to reach."""
+
+    @functools.wraps(verb)
+    async def told(
+        self: ComputerSessions, session_id: str, /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T:
+        try:
+            return await verb(self, session_id, *args, **kwargs)
+        except ProcessError as exc:
+            why = self._died_of(session_id)
+            if why is None:
+                raise
+            raise SessionNotFound(session_id, why) from exc
+
+    return told
 
 
 class ComputerSessions(RunningSessions):
@@ -59,6 +85,16 @@ class ComputerSessions(RunningSessions):
             raise SessionNotFound(session_id)
         kernel.sandbox.thaw()
         return session, kernel.processes
+
+    def _died_of(self, session_id: str) -> str | None:
+        """How a session's sandbox died, if it has (or the session has gone meanwhile)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return "it ended while it was asked"
+        kernel = session.kernel
+        if kernel is None or kernel.alive:
+            return None
+        return kernel.death or "its sandbox has ended"
 
     def _owned(self, session_id: str, owner: Owner) -> Session:
         """A session of the owner's: by its token, or by its key (a preview token's)."""
@@ -148,6 +184,7 @@ class ComputerSessions(RunningSessions):
         data = {"pid": pid, "cmd": spec.line, "tag": spec.tag, "front_end": front_end}
         self._tell("command.started", session, {**data, "pty": spec.pty is not None})
 
+    @_told_if_died
     async def run_command(
         self,
         session_id: str,
@@ -171,6 +208,7 @@ class ComputerSessions(RunningSessions):
                 session, table, fields, spec, on_event=events, front_end=front_end
             )
 
+    @_told_if_died
     async def start_command(
         self, session_id: str, spec: CommandSpec, *, owner: str | None = None, front_end: str = ""
     ) -> int:
@@ -181,6 +219,7 @@ class ComputerSessions(RunningSessions):
         self._started(session, spec, pid, front_end)
         return pid
 
+    @_told_if_died
     async def open_command(
         self, session_id: str, spec: CommandSpec, *, owner: str | None = None, front_end: str = ""
     ) -> tuple[int, AsyncIterator[Event]]:
@@ -199,11 +238,13 @@ class ComputerSessions(RunningSessions):
             finally:
                 watcher.close()
 
+    @_told_if_died
     async def commands(self, session_id: str, owner: str | None = None) -> list[dict[str, Any]]:
         _, table = await self._reach(session_id, owner)
         reply = await table.request("proc.list")
         return [dict(p) for p in reply.get("processes") or [] if isinstance(p, Mapping)]
 
+    @_told_if_died
     async def watch_command(
         self, session_id: str, pid: int, owner: str | None = None
     ) -> AsyncIterator[Event]:
@@ -211,6 +252,7 @@ class ComputerSessions(RunningSessions):
         await table.known(pid)  # one that ended lately tells its end at once
         return self._listen(session, table.watch(pid))
 
+    @_told_if_died
     async def command_input(
         self, session_id: str, pid: int, data: bytes, *, eof: bool = False, owner: str | None = None
     ) -> None:
@@ -220,22 +262,26 @@ class ComputerSessions(RunningSessions):
         if eof:
             await table.request("proc.eof", pid=pid)
 
+    @_told_if_died
     async def signal_command(
         self, session_id: str, pid: int, number: int, owner: str | None = None
     ) -> None:
         _, table = await self._reach(session_id, owner)
         await table.request("proc.signal", pid=pid, signal=number)
 
+    @_told_if_died
     async def kill_command(self, session_id: str, pid: int, owner: str | None = None) -> None:
         _, table = await self._reach(session_id, owner)
         await table.request("proc.kill", pid=pid)
 
+    @_told_if_died
     async def resize_terminal(
         self, session_id: str, pid: int, cols: int, rows: int, owner: str | None = None
     ) -> None:
         _, table = await self._reach(session_id, owner)
         await table.request("proc.resize", pid=pid, cols=cols, rows=rows)
 
+    @_told_if_died
     async def hang_up(self, session_id: str, pid: int, owner: str | None = None) -> None:
         _, table = await self._reach(session_id, owner)
         await table.request("proc.hangup", pid=pid)
@@ -249,12 +295,14 @@ class ComputerSessions(RunningSessions):
         _, table = await self._reach(session_id, owner)
         return table, name
 
+    @_told_if_died
     async def fs_stat(
         self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
     ) -> Entry:
         table, name = await self._as(session_id, owner, user)
         return Entry.of((await filesystem.ask(table, name, "stat", path)).get("entry"))
 
+    @_told_if_died
     async def fs_list(
         self,
         session_id: str,
@@ -268,6 +316,7 @@ class ComputerSessions(RunningSessions):
         answer = await filesystem.ask(table, name, "list", path, depth=depth)
         return [Entry.of(raw) for raw in answer.get("entries") or []]
 
+    @_told_if_died
     async def fs_make_dir(
         self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
     ) -> tuple[bool, Entry]:
@@ -275,6 +324,7 @@ class ComputerSessions(RunningSessions):
         answer = await filesystem.ask(table, name, "mkdir", path)
         return not answer.get("exists"), Entry.of(answer.get("entry"))
 
+    @_told_if_died
     async def fs_move(
         self,
         session_id: str,
@@ -290,18 +340,21 @@ class ComputerSessions(RunningSessions):
         )
         return Entry.of(answer.get("entry"))
 
+    @_told_if_died
     async def fs_remove(
         self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
     ) -> None:
         table, name = await self._as(session_id, owner, user)
         await filesystem.ask(table, name, "remove", path)
 
+    @_told_if_died
     async def fs_read(
         self, session_id: str, path: str, *, user: str | None = None, owner: str | None = None
     ) -> tuple[int, AsyncIterator[bytes]]:
         table, name = await self._as(session_id, owner, user)
         return await filesystem.read_pieces(table, name, path)
 
+    @_told_if_died
     async def fs_write(
         self,
         session_id: str,
