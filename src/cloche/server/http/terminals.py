@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from cloche.errors import ClocheError, Unauthorized
+from cloche.errors import ClocheError, ProcessNotFound, SessionNotFound, Unauthorized
 from cloche.server.http.auth import bearer_owner
 from cloche.server.http.errors import status_of
 from cloche.sessions.commands import CommandSpec
@@ -139,8 +139,10 @@ async def _pump_in(
                 await manager.command_input(session_id, pid, data, owner=owner)
             elif text:
                 await _control(manager, session_id, pid, owner, text)
-        except ClocheError as exc:  # the shell ended meanwhile: the output side tells
+        except (ProcessNotFound, SessionNotFound) as exc:  # ended meanwhile: the output tells
             log.debug("terminal %s of session %s: %s", pid, session_id, exc)
+        except ClocheError as exc:  # not delivered (a supervisor that did not answer)
+            log.warning("terminal %s of session %s: input or resize lost: %s", pid, session_id, exc)
         except WebSocketDisconnect:
             return
 
