@@ -6,8 +6,8 @@ that leaves killing its command, and the filesystem shared with cells."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
