@@ -10,7 +10,12 @@ import pytest
 
 from support import ServerThread, adopt, cluster_server, make_config
 
-adopt("server/test_commands.py", globals())
+# Not here: a test that looks inside one machine's manager (for a request in flight).
+adopt(
+    "server/test_commands.py",
+    globals(),
+    skip=("test_a_kill_asked_as_the_sandbox_dies_is_told_the_session_is_gone",),
+)
 adopt("server/test_terminals.py", globals())
 
 pytestmark = pytest.mark.cluster
