@@ -5,9 +5,11 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 import cloche
+from cloche.client._errors import error_for
 from cloche.config import Limits
 from cloche.errors import ClientError, ClocheError, SessionError
 
@@ -120,3 +122,14 @@ def test_a_body_over_the_limit_names_the_server_limit(make_server):
             session.upload("big.bin", b"x" * 10_000)  # a file is streamed: --disk-mib bounds it
             assert session.download("big.bin") == b"x" * 10_000
     assert "--max-frame-bytes" in str(raised.value)
+
+
+def test_a_session_whose_sandbox_died_meanwhile_keeps_the_servers_why():
+    gone = "Session abc is gone: the sandbox exited unexpectedly (exit status 2)"
+    request = httpx.Request("DELETE", "http://127.0.0.1:8080/v1/sessions/abc/commands/12")
+    response = httpx.Response(
+        404, json={"error": {"type": "not_found", "message": gone}}, request=request
+    )
+    error = error_for(response, url="http://127.0.0.1:8080", token=None, session_id="abc")
+    assert isinstance(error, cloche.SessionNotFound) and error.session_id == "abc"
+    assert str(error) == gone

@@ -171,7 +171,7 @@ def error_for(
         if session_id is not None and cell_number is not None and "has no cell" in message:
             return _with_message(CellNotFound(session_id, cell_number), message)
         if session_id is not None and message.startswith("Session "):
-            return SessionNotFound(session_id)
+            return _with_message(SessionNotFound(session_id), message)  # "is gone: why" too
         if snapshot_id is not None and message.startswith("Snapshot "):
             return SnapshotNotFound(snapshot_id)
         if message.startswith("Volume "):
