@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import stat
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from cloche.errors import BackendUnavailable
 from cloche.sandbox.gvisor import GVisorBackend
+from cloche.sandbox.runsc import Runsc
 from support import ServerThread, make_config, require_gvisor
 
 
@@ -187,3 +189,35 @@ def test_create_close_cycles_leak_nothing(make_server):
     # a leak is a count that grew.
     assert after["fds"] <= before["fds"], (before, after, fd_targets())
     assert {**after, "fds": 0} == {**before, "fds": 0}, (before, after)
+
+
+class PanickingRunsc(Runsc):
+    """runsc whose sentry panics when the sandbox calls afs_syscall (gVisor's own switch
+    for testing its panic reporting)."""
+
+    def global_args(self, platform: str | None = None) -> list[str]:
+        return [*super().global_args(platform), "--TESTONLY-afs-syscall-panic"]
+
+
+class PanickingBackend(GVisorBackend):
+    def prepare(self) -> None:
+        super().prepare()
+        assert self.runsc is not None
+        self.runsc.__class__ = PanickingRunsc
+
+
+def test_a_sentry_panic_is_told_as_a_death_and_its_first_lines_logged(state_root, caplog):
+    require_gvisor()
+    config = make_config(state_root, pool_size=0)
+    running = ServerThread(config)
+    running.server = type(running.server)(config, PanickingBackend(config))
+    with running, running.client() as c:
+        session = c.run("import ctypes; libc = ctypes.CDLL(None)")["session_id"]
+        with caplog.at_level(logging.WARNING, logger="cloche.kernel"):
+            reply = c.run("libc.syscall(183)", session)  # afs_syscall, on x86-64
+    assert reply["status"] == "error" and reply["session_alive"] is False, reply
+    crashed = "the sandbox exited unexpectedly (exit status 2: gVisor's kernel crashed"
+    assert crashed in str(reply["error"]) and "goroutine" not in str(reply["error"]), reply
+    # The server's log has the panic's first lines, not all of its goroutines.
+    told = [r.getMessage() for r in caplog.records if "exited unexpectedly" in r.getMessage()]
+    assert len(told) == 1 and "; runsc: panic: " in told[0] and len(told[0]) < 1400, told

@@ -156,6 +156,11 @@ class Sandbox(abc.ABC):
         """Memory the sandbox holds now; None when the backend can't tell."""
         return None
 
+    def runsc_log(self) -> str:
+        """What the sandbox's runtime wrote about itself (a panic's first lines when it
+        panicked, else its last lines); empty when the backend keeps none (blocking)."""
+        return ""
+
     def oom_killed(self) -> bool:
         """Whether the memory cgroup's OOM killer has killed a process of the sandbox (read
         before it is removed); False when the backend can't tell (blocking)."""

@@ -30,7 +30,7 @@ from cloche.sandbox.bundle import (
 )
 from cloche.sandbox.interpreter import Interpreters
 from cloche.sandbox.layers import System
-from cloche.sandbox.runsc import INSTALL_HINT, MADE_ON, Runsc, made_on
+from cloche.sandbox.runsc import INSTALL_HINT, MADE_ON, Runsc, last_words, made_on
 
 PLATFORMS = ("systrap", "ptrace")  # KVM hangs under nested virtualisation: not tried
 # With platform "auto", sandboxes started while this many per core already run use ptrace
@@ -155,7 +155,7 @@ class GVisorBackend(Backend):
             sandbox.launch()
             ready, _, _ = select.select([sandbox.stdout], [], [], self._probe_timeout_s)
             if not ready or not sandbox.stdout.read(4):
-                return sandbox.startup_log() or (
+                return sandbox.runsc_log() or (
                     f"no answer from the kernel within {self._probe_timeout_s:g} s "
                     "(half of --sandbox-start-timeout)"
                 )
@@ -342,7 +342,9 @@ class GVisorSandbox(Sandbox):
         self.platform = platform or self.runsc.platform  # its checkpoints record it
         with open(self.home / "runsc.log", "wb") as stderr:
             self.process = subprocess.Popen(
-                self.runsc.run_args(bundle, self.id, self.restore_from, self.platform),
+                self.runsc.run_args(
+                    bundle, self.id, self.restore_from, self.platform, self.home / "panic.log"
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -356,12 +358,8 @@ class GVisorSandbox(Sandbox):
         except (RuntimeError, KeyError, ValueError, OSError, subprocess.SubprocessError) as exc:
             log.warning("no pid for sandbox %s (%s): interrupts will use runsc kill", self.id, exc)
 
-    def startup_log(self) -> str:
-        try:
-            text = (self.home / "runsc.log").read_text(errors="replace").strip()
-        except OSError:
-            return ""
-        return text[-2000:]
+    def runsc_log(self) -> str:
+        return last_words(self.home / "panic.log", self.home / "runsc.log")
 
     def freeze(self) -> bool:
         self.frozen = self.backend.cgroups and cgroups.set_frozen(self._cgroup, True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -32,6 +33,19 @@ def made_on(image: Path) -> str | None:
     except OSError:
         return None
     return said if said in KNOWN_PLATFORMS else None
+
+
+def last_words(*logs: Path) -> str:
+    """What runsc wrote to logs (the sentry's panic log, its own stderr) before it
+    ended: a Go panic's first lines when there is one (the goroutine dump after them is
+    long), else the last lines; empty when it wrote nothing."""
+    texts = []
+    for path in logs:
+        with contextlib.suppress(OSError):
+            texts.append(path.read_text(errors="replace").strip())
+    text = "\n".join(t for t in texts if t)
+    panic = re.search(r"^(panic|fatal error): ", text, re.MULTILINE)
+    return text[panic.start() :][:1000] if panic else text[-2000:]
 
 
 class Runsc:
@@ -97,15 +111,20 @@ class Runsc:
         sandbox_id: str,
         image: Path | None = None,
         platform: str | None = None,
+        panic_log: Path | None = None,
     ) -> list[str]:
         """`runsc run`, attached; or, given a checkpoint image, `runsc restore` of it, on
         platform (else self.platform). An image must be restored on the platform that made
         it (`made_on`): runsc 0.0~20240729 crashes restoring a systrap image on ptrace, and
         a ptrace image restored on systrap starts but wedges about half the time (its
-        processes spin in the sentry's brk; benchmarks/image_pause_wedge.py)."""
+        processes spin in the sentry's brk; benchmarks/image_pause_wedge.py). The sentry's
+        own stderr is /dev/null: a panic of it is written to panic_log, if given."""
+        args = self.global_args(platform)
+        if panic_log is not None and "panic-log" in self.flags:
+            args.append(f"--panic-log={panic_log}")
         if image is not None:
             return [
-                *self.global_args(platform),
+                *args,
                 "restore",
                 "--image-path",
                 str(image),
@@ -113,7 +132,7 @@ class Runsc:
                 str(bundle),
                 sandbox_id,
             ]
-        return [*self.global_args(platform), "run", "--bundle", str(bundle), sandbox_id]
+        return [*args, "run", "--bundle", str(bundle), sandbox_id]
 
     @cached_property
     def checkpoint_flags(self) -> set[str]:

@@ -16,12 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cloche.config import MIB, Limits
-from cloche.errors import (
-    InvalidMessage,
-    KernelDied,
-    ProtocolError,
-    SandboxStartError,
-)
+from cloche.errors import InvalidMessage, KernelDied, ProtocolError, SandboxStartError
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
 from cloche.sandbox.base import ExitStep, Sandbox
 from cloche.sessions.hookups import LLMRequests
@@ -443,9 +438,13 @@ class KernelClient:
                 f"of {self.limits.cgroup_memory_mib} MiB that its processes together must stay "
                 "under (raise it with --memory-mib)"
             )
-        else:
-            status = f" (exit status {code})" if code is not None else ""
-            self.death = f"the sandbox exited unexpectedly{status}"
+        else:  # what runsc said goes to the host's log only; its users learn that it did
+            said = await asyncio.to_thread(self.sandbox.runsc_log)
+            why = [] if code is None else [f"exit status {code}"]
+            if said.startswith(("panic: ", "fatal error: ")):
+                why.append("gVisor's kernel crashed, the server's log has its report")
+            self.death = "the sandbox exited unexpectedly" + (f" ({': '.join(why)})" * bool(why))
+            log.warning("sandbox %s: %s; runsc: %s", self.id, self.death, said or "-")
 
     def _lost(self) -> None:
         """The channel closed: the sandbox is dead or being killed."""
