@@ -37,6 +37,8 @@ _BOOTSTRAP = (
     "sys.path[:0]=sys.argv[2:];"
     "from cloche.kernel.main import main;main()"
 )
+# How the report of a Go runtime's crash (gVisor's) begins, at the start of a line.
+CRASH_STARTS = ("panic: ", "fatal error: ")
 
 
 # Done to a new sandbox before it launches, by the layers above (its volumes bound).
@@ -156,9 +158,9 @@ class Sandbox(abc.ABC):
         """Memory the sandbox holds now; None when the backend can't tell."""
         return None
 
-    def runsc_log(self) -> str:
-        """What the sandbox's runtime wrote about itself (a panic's first lines when it
-        panicked, else its last lines); empty when the backend keeps none (blocking)."""
+    def runtime_log(self) -> str:
+        """What the sandbox's runtime wrote about itself (from `CRASH_STARTS` on when it
+        crashed, else its last lines); empty when the backend keeps none (blocking)."""
         return ""
 
     def oom_killed(self) -> bool:

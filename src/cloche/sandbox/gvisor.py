@@ -155,7 +155,7 @@ class GVisorBackend(Backend):
             sandbox.launch()
             ready, _, _ = select.select([sandbox.stdout], [], [], self._probe_timeout_s)
             if not ready or not sandbox.stdout.read(4):
-                return sandbox.runsc_log() or (
+                return sandbox.runtime_log() or (
                     f"no answer from the kernel within {self._probe_timeout_s:g} s "
                     "(half of --sandbox-start-timeout)"
                 )
@@ -358,7 +358,7 @@ class GVisorSandbox(Sandbox):
         except (RuntimeError, KeyError, ValueError, OSError, subprocess.SubprocessError) as exc:
             log.warning("no pid for sandbox %s (%s): interrupts will use runsc kill", self.id, exc)
 
-    def runsc_log(self) -> str:
+    def runtime_log(self) -> str:
         return last_words(self.home / "panic.log", self.home / "runsc.log")
 
     def freeze(self) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cloche.errors import BackendUnavailable
+from cloche.sandbox.base import CRASH_STARTS
 
 INSTALL_HINT = (
     "install gVisor's runsc (on Debian/Ubuntu, ./run.sh does it; elsewhere see "
@@ -37,15 +38,15 @@ def made_on(image: Path) -> str | None:
 
 def last_words(*logs: Path) -> str:
     """What runsc wrote to logs (the sentry's panic log, its own stderr) before it
-    ended: a Go panic's first lines when there is one (the goroutine dump after them is
-    long), else the last lines; empty when it wrote nothing."""
+    ended: a Go crash's first lines (from `CRASH_STARTS`; the goroutine dump after them
+    is long) when there is one, else the last lines; empty when it wrote nothing."""
     texts = []
     for path in logs:
         with contextlib.suppress(OSError):
             texts.append(path.read_text(errors="replace").strip())
     text = "\n".join(t for t in texts if t)
-    panic = re.search(r"^(panic|fatal error): ", text, re.MULTILINE)
-    return text[panic.start() :][:1000] if panic else text[-2000:]
+    crash = re.search("^(" + "|".join(map(re.escape, CRASH_STARTS)) + ")", text, re.MULTILINE)
+    return text[crash.start() :][:1000] if crash else text[-2000:]
 
 
 class Runsc:

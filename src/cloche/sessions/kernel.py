@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cloche.config import MIB, Limits
 from cloche.errors import InvalidMessage, KernelDied, ProtocolError, SandboxStartError
 from cloche.protocol.framing import FrameDecoder, decode_body, encode_frame
-from cloche.sandbox.base import ExitStep, Sandbox
+from cloche.sandbox.base import CRASH_STARTS, ExitStep, Sandbox
 from cloche.sessions.hookups import LLMRequests
 from cloche.sessions.inflight import Cell, Stage
 from cloche.sessions.messages import parse_input_request
@@ -439,9 +439,9 @@ class KernelClient:
                 "under (raise it with --memory-mib)"
             )
         else:  # what runsc said goes to the host's log only; its users learn that it did
-            said = await asyncio.to_thread(self.sandbox.runsc_log)
+            said = await asyncio.to_thread(self.sandbox.runtime_log)
             why = [] if code is None else [f"exit status {code}"]
-            if said.startswith(("panic: ", "fatal error: ")):
+            if said.startswith(CRASH_STARTS):
                 why.append("gVisor's kernel crashed, the server's log has its report")
             self.death = "the sandbox exited unexpectedly" + (f" ({': '.join(why)})" * bool(why))
             log.warning("sandbox %s: %s; runsc: %s", self.id, self.death, said or "-")
